@@ -1,0 +1,1 @@
+"""stockade: a sandbox and egress-control runtime for code that AI agents run."""
