@@ -1,0 +1,76 @@
+"""The ``stockade`` command line: one module per verb, imported only when used.
+
+Each verb module defines ``add_arguments(parser)`` and ``execute(args) -> int``. Verbs are
+listed here with their one-line help so that ``stockade --help`` needs no verb module,
+and ``stockade run`` imports only what running needs (the CLI has a start-up budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from stockade._exceptions import EXIT_STOCKADE_ERROR, StockadeError
+
+#: verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "run": ("stockade.cli.run", "run a command inside the sandbox"),
+    "check": ("stockade.cli.check", "validate a policy and print the effective policy"),
+    "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
+    "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
+}
+
+PROG = "stockade"
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    verbs = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in VERBS.items())
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="A sandbox and egress-control runtime for code that AI agents run.",
+        epilog=f"commands:\n{verbs}\n\nRun '{PROG} COMMAND --help' for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=f"{PROG} [--version] COMMAND [ARGS...]",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    return parser
+
+
+def error(message: str) -> None:
+    """Print a one-line error the way every verb does."""
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``stockade`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        _top_parser().print_help()
+        return 0 if args else 2
+    if args[0] == "--version":
+        from stockade._version import __version__
+
+        print(f"{PROG} {__version__}")
+        return 0
+    verb = args[0]
+    if verb not in VERBS:
+        error(f"unknown command {verb!r}; commands: {', '.join(VERBS)}")
+        return 2
+    module_name, help_ = VERBS[verb]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"{PROG} {verb}", description=help_)
+    module.add_arguments(parser)
+    try:
+        ns = parser.parse_args(args[1:])
+        code: int = module.execute(ns)
+    except StockadeError as exc:
+        error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_STOCKADE_ERROR
+    return code

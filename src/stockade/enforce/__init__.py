@@ -1,0 +1,1 @@
+"""Enforcement mechanisms: one module per kernel or process-level layer."""
