@@ -1,0 +1,1 @@
+"""Kernel enforcement mechanisms: Landlock, seccomp and the inner launcher."""
