@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stockade.enforce import landlock, seccomp
-from stockade.enforce.launcher import LauncherSpec, build_launcher, prepare
+from stockade.enforce.launcher import LauncherSpec, build_launcher, launcher_path, prepare
 
 MUST_WORK = os.environ.get("STOCKADE_MUST_WORK") == "1"
 NOBODY = 65534
@@ -92,22 +92,28 @@ def shared_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def launcher_bin(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the launcher in a private cache and copy it where uid 65534 can run it."""
+def launcher_bin(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Build the launcher in a private cache and copy it where uid 65534 can run it.
+
+    The private cache stays in ``XDG_CACHE_HOME`` for the session, so that ``prepare``
+    never builds into the real user's cache.
+    """
     cache = tmp_path_factory.mktemp("xdg-cache")
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache)
+    launcher_path.cache_clear()
     try:
         built = build_launcher()
+        target = shared_dir / "stockade-launcher"
+        shutil.copy(built, target)
+        target.chmod(0o755)
+        yield target
     finally:
+        launcher_path.cache_clear()
         if old is None:
             del os.environ["XDG_CACHE_HOME"]
         else:
             os.environ["XDG_CACHE_HOME"] = old
-    target = shared_dir / "stockade-launcher"
-    shutil.copy(built, target)
-    target.chmod(0o755)
-    return target
 
 
 @dataclass
