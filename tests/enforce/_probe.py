@@ -132,7 +132,7 @@ def name_to_handle_at() -> None:
 
 def tiocsti(request: str = "0x5412") -> None:
     """Make a fresh pty our controlling terminal, then push a byte into its input."""
-    master, slave = os.openpty()
+    _master, slave = os.openpty()
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -151,7 +151,7 @@ def tiocsti(request: str = "0x5412") -> None:
 
 
 def tiocgwinsz() -> None:
-    master, slave = os.openpty()
+    _master, slave = os.openpty()
     fcntl.ioctl(slave, 0x5413, b"\0" * 8)  # TIOCGWINSZ
 
 

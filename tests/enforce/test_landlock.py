@@ -167,6 +167,21 @@ def test_deny_probe_root_dir(box: Box) -> None:
     assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
 
 
+def test_default_probe_is_root(box: Box) -> None:
+    spec = box.spec(deny_probe=None, debug=True)
+    r = box.run(["/bin/echo", "ran"], spec=spec)
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    assert "verified: / denied with EACCES" in r.stderr
+
+
+def test_default_probe_skipped_when_root_is_a_rule(box: Box) -> None:
+    spec = box.spec(deny_probe=None, read_paths=("/",), debug=True)
+    r = box.run(["/bin/cat", str(box.canary)], spec=spec)
+    # "/" readable means the canary is too: the policy, not the launcher, decides that.
+    assert (r.returncode, r.stdout) == (0, "CANARY-SECRET\n"), r.stderr
+    assert "verified" not in r.stderr
+
+
 def test_deny_probe_missing_aborts(box: Box) -> None:
     r = box.run(["/bin/true"], spec=box.spec(deny_probe=str(box.home / "absent")))
     assert r.returncode == 125
@@ -224,7 +239,9 @@ def outside_listener() -> tuple[socket.socket, str]:
     return srv, name
 
 
-def test_abstract_socket_outside_refused(box: Box, abi: int, outside_listener: tuple[socket.socket, str]) -> None:
+def test_abstract_socket_outside_refused(
+    box: Box, abi: int, outside_listener: tuple[socket.socket, str]
+) -> None:
     require(abi >= 6, "Landlock scopes need ABI 6 (Linux 6.12)")
     srv, name = outside_listener
     with srv:

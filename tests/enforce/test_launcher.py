@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import stat
@@ -98,7 +99,9 @@ def test_prepare_gives_a_sealed_memfd(launcher_bin: Path) -> None:
         os.close(fd)
 
 
-def _raw(launcher_bin: Path, argv: list[str], spec: bytes | None) -> subprocess.CompletedProcess[str]:
+def _raw(
+    launcher_bin: Path, argv: list[str], spec: bytes | None
+) -> subprocess.CompletedProcess[str]:
     """Run the launcher with a spec given through a pipe (the non-memfd path)."""
     r_fd, w_fd = os.pipe()
     cmd = [str(launcher_bin), *(a.replace("{fd}", str(r_fd)) for a in argv)]
@@ -250,7 +253,13 @@ def test_inherited_fds_closed(box: Box) -> None:
     outer = drop if os.geteuid() == 0 else []
     try:
         r = subprocess.run(
-            [*outer, *prefix, "/usr/bin/python3", "-c", "import os; print(os.listdir('/proc/self/fd'))"],
+            [
+                *outer,
+                *prefix,
+                "/usr/bin/python3",
+                "-c",
+                "import json, os; print(json.dumps([int(x) for x in os.listdir('/proc/self/fd')]))",
+            ],
             pass_fds=(fd, extra),
             capture_output=True,
             text=True,
@@ -261,7 +270,7 @@ def test_inherited_fds_closed(box: Box) -> None:
         os.close(extra)
     assert r.returncode == 0, r.stderr
     # 0-2 and the fd listdir itself opened; neither the spec fd nor the extra one.
-    assert sorted(int(x) for x in eval(r.stdout)) == [0, 1, 2, 3]  # noqa: S307
+    assert sorted(json.loads(r.stdout)) == [0, 1, 2, 3]
 
 
 @pytest.mark.kernel
@@ -330,14 +339,17 @@ def test_git_init_commit(box: Box) -> None:
     require(shutil.which("git") is not None, "git not installed")
     r = box.sh(
         "git init -q repo && cd repo && echo x > f && git add f && "
-        "git -c user.name=t -c user.email=t@example.test commit -qm init && git log --oneline | wc -l"
+        "git -c user.name=t -c user.email=t@example.test commit -qm init && "
+        "git log --oneline | wc -l"
     )
     assert (r.returncode, r.stdout.strip()) == (0, "1"), r.stderr
 
 
 @pytest.mark.kernel
 def test_gcc_hello_and_make(box: Box) -> None:
-    require(shutil.which("gcc") is not None and shutil.which("make") is not None, "gcc/make missing")
+    require(
+        shutil.which("gcc") is not None and shutil.which("make") is not None, "gcc/make missing"
+    )
     (box.ws / "hello.c").write_text('#include <stdio.h>\nint main(void){puts("hello");return 0;}\n')
     (box.ws / "Makefile").write_text("hello: hello.c\n\tgcc -O2 -o hello hello.c\n")
     r = box.sh("make -s && ./hello")
@@ -375,7 +387,9 @@ def test_pytest_inside(box: Box) -> None:
     require(SITE_PACKAGES is not None and (SITE_PACKAGES / "pytest").is_dir(), "pytest missing")
     (box.ws / "test_tiny.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     env = {"PYTHONPATH": str(SITE_PACKAGES), "PYTHONDONTWRITEBYTECODE": "1"}
-    r = box.run([SYSTEM_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_tiny.py"], env=env)
+    r = box.run(
+        [SYSTEM_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_tiny.py"], env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1 passed" in r.stdout
 

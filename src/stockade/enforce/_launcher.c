@@ -29,6 +29,7 @@
  *   "r=/abs/path"       read+execute beneath this path (repeatable)
  *   "w=/abs/path"       every handled right beneath this path (repeatable)
  *   "p=/abs/path"       must-deny probe: opening it O_RDONLY must fail with EACCES
+ *                       (default "/" when Landlock is on and no rule names "/")
  *   "B=N"               followed by exactly N raw bytes of struct sock_filter[]
  *   "END"               terminator; nothing may follow
  *
@@ -503,6 +504,18 @@ static void close_inherited_fds(void)
 		close((int)fd);
 }
 
+static int root_is_a_rule(const struct spec *s)
+{
+	size_t i;
+	for (i = 0; i < s->n_read; i++)
+		if (strcmp(s->read_paths[i], "/") == 0)
+			return 1;
+	for (i = 0; i < s->n_write; i++)
+		if (strcmp(s->write_paths[i], "/") == 0)
+			return 1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct spec s;
@@ -560,8 +573,13 @@ int main(int argc, char **argv)
 		die("verification failed: NoNewPrivs is not 1 after prctl; report a kernel bug");
 	if (s.seccomp_expected && status_long(status, "Seccomp") != SECCOMP_MODE_FILTER)
 		die("verification failed: Seccomp is not 2 (filter) although a filter was asked for; pass --seccomp FD to bwrap or a program in the spec");
+	if (s.landlock && !s.deny_probe && !root_is_a_rule(&s))
+		/* No probe given: "/" itself always exists and is outside every rule unless
+		 * a rule names it, so READ_DIR on it must now be refused. */
+		s.deny_probe = "/";
 	if (s.landlock && s.deny_probe) {
-		int fd = open(s.deny_probe, O_RDONLY | O_CLOEXEC);
+		/* O_NONBLOCK|O_NOCTTY: a FIFO or a tty as probe must not hang or attach. */
+		int fd = open(s.deny_probe, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 		if (fd >= 0)
 			die("verification failed: %s is readable under Landlock; the ruleset did not take effect, use --disable files only if you accept that",
 			    s.deny_probe);

@@ -60,7 +60,8 @@ class LauncherSpec:
     fails closed on an older kernel.  ``seccomp_bpf`` is a program to load (``None`` when
     bwrap loads it with ``--seccomp FD``); ``seccomp_expected`` makes the launcher verify
     ``Seccomp: 2`` either way.  ``deny_probe`` is a path outside every allowed path that
-    must then fail to open with EACCES (``"/"`` works when ``/`` itself is not allowed).
+    must then fail to open with EACCES; without one the launcher probes ``"/"`` unless a
+    rule names ``/`` itself (then the ruleset's effect is not verified).
     Devices that need ioctls (``/dev/tty``, ``/dev/pts``) belong in ``write_paths``: read
     paths do not get ``IOCTL_DEV``.
     """
