@@ -71,6 +71,24 @@ def test_build_is_cached_private_and_reused(
         launcher.launcher_path.cache_clear()
 
 
+def test_untrusted_cached_binary_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    launcher.launcher_path.cache_clear()
+    try:
+        target = launcher.launcher_path()
+        target.parent.mkdir(mode=0o700, parents=True)
+        target.write_text("#!/bin/sh\necho planted\n")
+        target.chmod(0o777)  # world-writable: anyone could have planted it
+        built = launcher.build_launcher()
+        assert built == target
+        assert not built.read_bytes().startswith(b"#!")
+        assert stat.S_IMODE(built.stat().st_mode) == 0o700
+    finally:
+        launcher.launcher_path.cache_clear()
+
+
 def test_no_compiler_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -146,17 +147,41 @@ def launcher_path() -> Path:
     return _cache_dir() / f"launcher-{digest}"
 
 
+def _trusted(path: Path) -> bool:
+    """True for a cached binary that only this user could have written.
+
+    The launcher runs every layer; a copy someone else could replace would be a way
+    around all of them, so anything else is rebuilt (and replaced) instead of reused.
+    """
+    try:
+        st = path.lstat()
+        parent = path.parent.stat()
+    except FileNotFoundError:
+        return False
+    uid = os.geteuid()
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid == uid
+        and parent.st_uid == uid
+        and not (st.st_mode | parent.st_mode) & 0o022
+        and os.access(path, os.X_OK)
+    )
+
+
 def build_launcher() -> Path:
     """Return the path of an executable launcher, compiling it on first use.
 
     Compiles ``_launcher.c`` with ``cc -O2 -Wall -Werror`` (static when the toolchain
     can, dynamic otherwise) into ``$XDG_CACHE_HOME/stockade`` (mode 0700), through a
     temporary name and a rename so that concurrent builds never expose a partial file.
+    A cached binary is reused only if it and its directory belong to this user and are
+    not group- or world-writable.  Keep that directory out of every sandbox's writable
+    paths.
     Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
     compile fails.
     """
     target = launcher_path()
-    if os.access(target, os.X_OK):
+    if _trusted(target):
         return target
     cache = target.parent
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
