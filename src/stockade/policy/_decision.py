@@ -43,7 +43,7 @@ class Reason(enum.StrEnum):
     RULE_DENIED = "rule-denied"
     NO_RULE_MATCHED = "no-rule-matched"
     FOREIGN_CREDENTIAL = "foreign-credential"
-    SECRET_WRONG_HOST = "secret-wrong-host"
+    SECRET_WRONG_HOST = "secret-wrong-host"  # noqa: S105 - a reason, not a secret
     LABELLED_DATA = "labelled-data"
     BODY_TOO_LARGE = "body-too-large"
     # files / container / syscalls / secrets / limits
