@@ -1,1 +1,49 @@
-"""stockade: a sandbox and egress-control runtime for code that AI agents run."""
+"""stockade: a sandbox and egress-control runtime for code that AI agents run.
+
+The public API is loaded lazily so that ``import stockade`` (and so the CLI, which
+lives inside this package) stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stockade._exceptions import (
+    Denied,
+    PolicyError,
+    SandboxError,
+    SandboxTimeout,
+    StockadeError,
+    Unavailable,
+)
+from stockade._version import __version__
+
+if TYPE_CHECKING:
+    from stockade.api import CompletedRun, run
+    from stockade.policy import Policy
+
+__all__ = [
+    "CompletedRun",
+    "Denied",
+    "Policy",
+    "PolicyError",
+    "SandboxError",
+    "SandboxTimeout",
+    "StockadeError",
+    "Unavailable",
+    "__version__",
+    "run",
+]
+
+_LAZY = {"run": "stockade.api", "CompletedRun": "stockade.api", "Policy": "stockade.policy"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stockade' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,4 +1,37 @@
 """Policy: the versioned schema, loading, validation, host patterns and decisions.
 
-This package does no I/O beyond reading policy files and imports nothing else of stockade.
+This package does no I/O beyond reading policy files and imports nothing else of stockade
+except the exception tree.
 """
+
+from stockade.policy._decision import Decision as Decision
+from stockade.policy._decision import Reason as Reason
+from stockade.policy._decision import Verdict as Verdict
+from stockade.policy._load import load_policy as load_policy
+from stockade.policy._load import parse_policy_text as parse_policy_text
+from stockade.policy._load import user_policy_path as user_policy_path
+from stockade.policy._model import LAYERS as LAYERS
+from stockade.policy._model import EnvPass as EnvPass
+from stockade.policy._model import EnvPolicy as EnvPolicy
+from stockade.policy._model import FilesystemPolicy as FilesystemPolicy
+from stockade.policy._model import LayersPolicy as LayersPolicy
+from stockade.policy._model import LimitsPolicy as LimitsPolicy
+from stockade.policy._model import NetworkPolicy as NetworkPolicy
+from stockade.policy._model import Policy as Policy
+
+__all__ = [
+    "LAYERS",
+    "Decision",
+    "EnvPass",
+    "EnvPolicy",
+    "FilesystemPolicy",
+    "LayersPolicy",
+    "LimitsPolicy",
+    "NetworkPolicy",
+    "Policy",
+    "Reason",
+    "Verdict",
+    "load_policy",
+    "parse_policy_text",
+    "user_policy_path",
+]

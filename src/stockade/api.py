@@ -1,0 +1,148 @@
+"""The public Python API: :func:`run`, mirroring :func:`subprocess.run`.
+
+::
+
+    import stockade
+
+    result = stockade.run(["pytest", "-q"], workspace="~/project", capture_output=True)
+    print(result.returncode, result.stdout, result.denials)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from stockade._exceptions import SandboxError
+from stockade.policy import LAYERS, Policy, load_policy
+from stockade.runtime import RunRequest, RunResult, execute
+
+
+def _policy(
+    policy: Policy | str | os.PathLike[str] | None,
+    workspace: str | os.PathLike[str] | None,
+    allow_hosts: Sequence[str],
+    disable: Sequence[str],
+) -> Policy:
+    ws = Path(os.path.expanduser(os.fspath(workspace))) if workspace is not None else None
+    if isinstance(policy, Policy):
+        loaded = policy
+        if ws is not None:
+            loaded = replace(loaded, filesystem=replace(loaded.filesystem, workspace=ws.resolve()))
+        if allow_hosts:
+            loaded = replace(
+                loaded, network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts))
+            )
+    else:
+        path = Path(os.fspath(policy)) if policy is not None else None
+        loaded = load_policy(path, workspace=ws, extra_allow=tuple(allow_hosts))
+    unknown = [name for name in disable if name not in LAYERS]
+    if unknown:
+        raise ValueError(f"unknown layer {unknown[0]!r}; layers are {', '.join(LAYERS)}")
+    if disable:
+        loaded = replace(loaded, layers=loaded.layers.without(*disable))
+    return loaded
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    policy: Policy | str | os.PathLike[str] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    capture_output: bool = False,
+    text: bool = False,
+    input: str | bytes | None = None,
+    check: bool = False,
+    allow_hosts: Sequence[str] = (),
+    disable: Sequence[str] = (),
+    audit: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> CompletedRun:
+    """Run ``argv`` inside a sandbox and wait for it.
+
+    Args:
+        argv: the command and its arguments.
+        policy: a :class:`Policy`, a policy file, or None for the default search order.
+        workspace: the read-write root (overrides the policy's).
+        cwd: working directory inside the workspace (default: the current directory if
+            it is inside the workspace, else the workspace).
+        timeout: wall-time limit in seconds; on expiry the whole tree is killed and the
+            result has ``returncode`` 124 (or :class:`SandboxTimeout` with ``check``).
+        capture_output, text, input: as for :func:`subprocess.run`.
+        check: raise :class:`SandboxError` when the command exits non-zero.
+        allow_hosts: hosts added to ``network.allow``.
+        disable: layers switched off for this run.
+        audit: append audit events to this file (default: events kept in memory only).
+        env: the caller environment the secrets layer filters (default: ``os.environ``).
+
+    Raises:
+        PolicyError: the policy is invalid.
+        Unavailable: a layer the policy asks for cannot be applied here.
+        SandboxError: the sandbox failed, or ``check`` and a non-zero exit.
+    """
+    from stockade._exceptions import SandboxTimeout
+
+    loaded = _policy(policy, workspace, allow_hosts, disable)
+    data = input.encode() if isinstance(input, str) else input
+    result = execute(
+        RunRequest(
+            argv=list(argv),
+            policy=loaded,
+            cwd=Path(os.fspath(cwd)) if cwd is not None else None,
+            audit_path=Path(os.fspath(audit)) if audit is not None else None,
+            audit_to_file=audit is not None,
+            timeout=timeout,
+            capture_output=capture_output,
+            input=data,
+            stdin=None if data is not None else (None if capture_output else None),
+            allow_pty=False,
+            caller_env=env,
+        )
+    )
+    completed = CompletedRun(result, text=text)
+    if check and result.timed_out:
+        raise SandboxTimeout(f"{argv[0]} timed out after {timeout:g}s and was killed")
+    if check and result.returncode != 0:
+        raise SandboxError(f"{argv[0]} exited with {result.returncode}")
+    return completed
+
+
+class CompletedRun:
+    """The result of :func:`run`: like :class:`subprocess.CompletedProcess`, plus events."""
+
+    __slots__ = ("_result", "args", "returncode", "stderr", "stdout")
+
+    def __init__(self, result: RunResult, *, text: bool = False) -> None:
+        self._result = result
+        self.args = result.argv
+        self.returncode = result.returncode
+        self.stdout: Any = result.stdout.decode(errors="replace") if text and result.stdout is not None else result.stdout
+        self.stderr: Any = result.stderr.decode(errors="replace") if text and result.stderr is not None else result.stderr
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every audit event of the run, in order."""
+        return self._result.events
+
+    @property
+    def denials(self) -> list[dict[str, Any]]:
+        """The audit events whose verdict is ``deny``."""
+        return self._result.denials
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, as in the audit log."""
+        return self._result.run_id
+
+    @property
+    def timed_out(self) -> bool:
+        """True when the wall-time limit killed the command."""
+        return self._result.timed_out
+
+    def __repr__(self) -> str:
+        return f"CompletedRun(args={self.args!r}, returncode={self.returncode})"

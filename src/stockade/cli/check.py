@@ -1,0 +1,63 @@
+"""``stockade check``: validate a policy and print the effective policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``check``."""
+    parser.add_argument("file", nargs="?", type=Path, help="policy file (default: the search order of run)")
+    parser.add_argument("--workspace", type=Path, metavar="DIR", help="workspace to check against")
+    parser.add_argument("--json", action="store_true", help="print the effective policy as JSON")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Print the effective policy and any notes; exit 125 on an invalid policy."""
+    from stockade.policy import load_policy
+    from stockade.policy._units import format_size
+
+    policy = load_policy(args.file, workspace=args.workspace)
+    data = policy.to_dict()
+    if args.json:
+        data["sources"] = list(policy.sources)
+        data["notes"] = list(policy.notes)
+        data["digest"] = policy.digest()
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"policy: {' + '.join(policy.sources)}  ({policy.digest()[:19]})")
+    fs = policy.filesystem
+    print(f"workspace   {fs.workspace}  (read-write)")
+    for p in fs.read:
+        print(f"read        {p}")
+    for p in fs.write:
+        print(f"write       {p}")
+    for g in fs.deny:
+        print(f"deny        {g}")
+    for g in fs.protect:
+        print(f"protect     {g}")
+    net = policy.network
+    print(f"network     {', '.join(net.allow) if net.allow else 'none (no host is reachable)'}")
+    for h in net.deny:
+        print(f"  deny      {h}")
+    for name, addr in net.hosts.items():
+        print(f"  pin       {name} -> {addr}")
+    env = policy.env
+    if env.pass_:
+        print(f"env pass    {', '.join(e.name + (' (secret)' if e.allow_secret else '') for e in env.pass_)}")
+    for name in env.set:
+        print(f"env set     {name}")
+    lim = policy.limits
+    print(
+        f"limits      pids {lim.pids}, memory {format_size(lim.memory)}, file size "
+        f"{format_size(lim.file_size)}, cpu {lim.cpu_seconds or 'unlimited'}"
+        f"{'s' if lim.cpu_seconds else ''}, wall {f'{lim.wall_seconds:g}s' if lim.wall_seconds else 'unlimited'}"
+    )
+    active = policy.layers.active()
+    off = [name for name in data["layers"] if name not in active]
+    print(f"layers      {', '.join(active)}" + (f"  (OFF: {', '.join(off)})" if off else ""))
+    for note in policy.notes:
+        print(f"note        {note}")
+    return 0

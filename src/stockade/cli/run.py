@@ -1,0 +1,69 @@
+"""``stockade run``: run a command inside the sandbox."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stockade.policy import LAYERS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``run``."""
+    parser.usage = "stockade run [OPTIONS] -- COMMAND [ARGS...]"
+    parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file (default: search order, see docs/policy.md)")
+    parser.add_argument("--workspace", type=Path, metavar="DIR", help="read-write root (default: policy, else current directory)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="HOST", help="add a host to network.allow (repeatable)")
+    parser.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        choices=LAYERS,
+        help=f"switch a layer off for this run (repeatable): {', '.join(LAYERS)}",
+    )
+    parser.add_argument("--audit", type=Path, metavar="FILE", help="append audit events to FILE (default: one file per run in ~/.local/state/stockade/runs)")
+    parser.add_argument("--timeout", type=float, metavar="S", help="kill the whole sandbox after S seconds (exit 124)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the command; return its exit code (or stockade's own, see DESIGN §4 rule 11)."""
+    from dataclasses import replace
+
+    from stockade.policy import load_policy
+    from stockade.runtime import RunRequest
+    from stockade.runtime import execute as run
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("stockade run: no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    if args.timeout is not None and args.timeout <= 0:
+        print(f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds", file=sys.stderr)
+        return 2
+    policy = load_policy(args.policy, workspace=args.workspace, extra_allow=tuple(args.allow_host))
+    if args.disable:
+        policy = replace(policy, layers=policy.layers.without(*args.disable))
+    result = run(
+        RunRequest(
+            argv=command,
+            policy=policy,
+            audit_path=args.audit,
+            timeout=args.timeout,
+            forward_signals=True,
+        )
+    )
+    denials = result.denials
+    if denials:
+        counts: dict[str, int] = {}
+        for event in denials:
+            key = f"{event.get('layer')} {event.get('reason')}"
+            counts[key] = counts.get(key, 0) + 1
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        where = f"; details in {result.audit_path}" if result.audit_path else ""
+        print(f"stockade: denied {len(denials)}: {summary}{where}", file=sys.stderr)
+    return result.returncode

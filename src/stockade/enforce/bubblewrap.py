@@ -1,0 +1,174 @@
+"""The ``container`` layer: a pure builder of the bubblewrap argv.
+
+bubblewrap gives the command new user, mount, PID, IPC, UTS and cgroup namespaces, drops
+every capability, forbids further user namespaces (``--disable-userns``: with a nested
+user namespace a process could rebuild its mount table and move a read-only carve-out
+aside), and shows it a file system built from binds: system directories read-only, a
+fresh tmpfs HOME and /tmp, a fresh /proc, a minimal /dev, and the workspace read-write
+at its own path.
+
+What it does NOT stop: reads of whatever is bound in (that is what the binds are for),
+and anything on the network when ``share_net`` is set. Landlock (the ``files`` layer)
+checks the same accesses again on the real files, so a mistake here is not an escape.
+
+Everything in this module is a pure function of its inputs, so the argv can be tested
+and shown (``stockade check --json``) without running anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Directories bound read-only as "the system". Everything else on the host is invisible.
+SYSTEM_PATHS: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    # glibc's get_nprocs() and nproc read these; nothing else of /sys is exposed.
+    "/sys/devices/system/cpu",
+)
+
+#: System files that hold secrets of the host (readable by root outside).
+SYSTEM_SECRETS: tuple[str, ...] = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssl/private",
+)
+
+#: Where stockade's own files (launcher, CA bundle) appear inside the sandbox.
+STOCKADE_DIR = "/run/stockade"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """Everything the argv depends on, already resolved to absolute paths."""
+
+    workspace: Path
+    #: the sandbox's HOME: a fresh tmpfs at the caller's home path
+    home: Path
+    read: tuple[Path, ...] = ()
+    write: tuple[Path, ...] = ()
+    #: toolchain directories from the caller's PATH, bound read-only inside HOME or elsewhere
+    toolchains: tuple[Path, ...] = ()
+    #: paths that must read as empty: files get /dev/null, directories an empty tmpfs
+    masked_files: tuple[Path, ...] = ()
+    masked_dirs: tuple[Path, ...] = ()
+    #: existing paths inside writable areas that are re-bound read-only
+    protected: tuple[Path, ...] = ()
+    #: directories re-bound onto themselves so they cannot be renamed (mount points)
+    pinned: tuple[Path, ...] = ()
+    #: host file -> path inside (read-only), e.g. the launcher and the CA bundle
+    files: tuple[tuple[Path, str], ...] = ()
+    share_net: bool = False
+    #: a pid namespace etc.; False only for the "network namespace only" form used when
+    #: the container layer is off but egress needs a namespace of its own
+    isolate: bool = True
+    hostname: str = "stockade"
+    #: working directory inside; the workspace when the caller's cwd is outside it
+    cwd: Path | None = None
+    system_paths: tuple[str, ...] = field(default=SYSTEM_PATHS)
+
+
+def _bind_system(paths: Iterable[str]) -> list[str]:
+    args: list[str] = []
+    for path in paths:
+        if os.path.islink(path):
+            # Merged-/usr systems make /bin a symlink to usr/bin: recreate the symlink
+            # rather than binding the target twice.
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def build_argv(
+    plan: ContainerPlan,
+    command: Sequence[str],
+    *,
+    bwrap: str = "bwrap",
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+    seccomp_fd: int | None = None,
+) -> list[str]:
+    """Return the full bubblewrap argv that runs ``command`` under ``plan``.
+
+    No secret may appear here: the argv of bwrap is readable inside the sandbox as
+    ``/proc/1/cmdline``. The environment is passed as bwrap's own environment instead.
+    """
+    argv = [bwrap]
+    if not plan.isolate:
+        # Only a private network namespace: the container layer is off, but egress still
+        # needs a namespace with nothing in it but loopback.
+        argv += ["--unshare-user", "--unshare-net", "--bind", "/", "/", "--dev-bind", "/dev", "/dev"]
+        argv += ["--proc", "/proc", "--die-with-parent"]
+        for host, inside in plan.files:
+            argv += ["--ro-bind", str(host), inside]
+    else:
+        argv += [
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            plan.hostname,
+        ]
+        if not plan.share_net:
+            argv.append("--unshare-net")
+        argv += _bind_system(plan.system_paths)
+        for secret in SYSTEM_SECRETS:
+            if os.path.isdir(secret) and not os.path.islink(secret):
+                argv += ["--tmpfs", secret, "--remount-ro", secret]
+            elif os.path.exists(secret):
+                argv += ["--ro-bind", "/dev/null", secret]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+        argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        argv += ["--tmpfs", str(plan.home)]
+        for path in plan.toolchains:
+            argv += ["--ro-bind", str(path), str(path)]
+        for path in plan.read:
+            argv += ["--ro-bind-try", str(path), str(path)]
+        argv += ["--bind", str(plan.workspace), str(plan.workspace)]
+        for path in plan.write:
+            argv += ["--bind-try", str(path), str(path)]
+        for path in plan.pinned:
+            argv += ["--bind", str(path), str(path)]
+        for path in plan.protected:
+            argv += ["--ro-bind", str(path), str(path)]
+        for path in plan.masked_dirs:
+            argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        for path in plan.masked_files:
+            argv += ["--ro-bind", "/dev/null", str(path)]
+        for host, inside in plan.files:
+            argv += ["--ro-bind", str(host), inside]
+        argv += ["--chdir", str(plan.cwd or plan.workspace)]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
+    if block_fd is not None:
+        argv += ["--block-fd", str(block_fd)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv.append("--")
+    argv += list(command)
+    return argv

@@ -1,0 +1,334 @@
+"""Turning a policy's file-system section into concrete paths for one run.
+
+Three jobs, each with I/O on the host's file system (so not in ``policy``):
+
+* toolchains installed under HOME (pyenv, nvm, ``~/.local/bin``, ``~/.cargo/bin``, ...)
+  keep working: the directories on the caller's PATH, and what their entries resolve to,
+  are made visible read-only, unless they are (or contain) a secret location;
+* ``filesystem.deny`` globs are expanded to the paths that exist now;
+* protected paths inside the workspace (``.git/hooks``, ``.claude/``, ...) are listed,
+  with placeholders for those that do not exist yet, so that they cannot be created.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Locations under HOME that hold credentials; never bound into the sandbox, even when a
+#: PATH entry points into them.
+SECRET_HOME_PATHS: tuple[str, ...] = (
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/hub",
+    ".config/op",
+    ".config/stockade",
+    ".claude",
+    ".claude.json",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".docker",
+    ".kube",
+    ".gnupg",
+    ".password-store",
+    ".git-credentials",
+    ".gitconfig",
+    ".config/git/credentials",
+    ".cache/git/credential",
+    ".local/share/keyrings",
+    ".vault-token",
+    ".terraform.d",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".node_repl_history",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+)
+
+#: Top-level directories under HOME that are whole toolchain installations: a PATH entry
+#: inside one needs the rest of it (pyenv's shims exec ``pyenv``, nvm's node its lib).
+TOOLCHAIN_ROOTS: tuple[str, ...] = (
+    ".pyenv",
+    ".nvm",
+    ".fnm",
+    ".volta",
+    ".cargo/bin",
+    ".rustup",
+    ".bun",
+    ".deno",
+    ".rbenv",
+    ".goenv",
+    ".asdf",
+    ".sdkman",
+    ".juliaup",
+    "go",
+    ".local/bin",
+    ".local/pipx",
+    ".poetry",
+)
+
+#: Paths inside the workspace that run code later on the host, so they stay read-only
+#: even though the workspace is writable (DESIGN §4 rule 9; attacks WRT-02/03/05/06).
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    ".git/hooks",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/commondir",
+    ".git/modules/*/hooks",
+    ".git/modules/*/config",
+    ".git/worktrees/*/gitdir",
+    ".git/worktrees/*/commondir",
+    ".git/worktrees/*/config.worktree",
+    ".gitmodules",
+    ".claude",
+    ".mcp.json",
+    ".cursor",
+    ".vscode",
+    ".idea",
+    ".husky",
+    ".envrc",
+    ".devcontainer",
+    "stockade.toml",
+)
+
+#: Protected names that get a placeholder when missing, so they cannot be created inside.
+#: (A glob or a path under .git is only protected where it exists; .git itself is
+#: protected when the workspace is not a repository, so no repository can be created.)
+_DIR_PLACEHOLDERS = (".claude", ".cursor", ".vscode", ".idea", ".husky", ".devcontainer")
+_FILE_PLACEHOLDERS = (".mcp.json", ".envrc", ".gitmodules", "stockade.toml")
+
+#: Expanding a deny glob stops after this long; the run is refused rather than partly
+#: protected when it does.
+DENY_GLOB_BUDGET_S = 2.0
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def secret_paths(home: Path) -> tuple[Path, ...]:
+    """The credential locations under ``home``."""
+    return tuple(home / rel for rel in SECRET_HOME_PATHS)
+
+
+def _touches_secret(path: Path, secrets: Iterable[Path]) -> bool:
+    # A bind of ``path`` exposes every secret under it, and binding something inside a
+    # secret location exposes that secret.
+    return any(_is_within(s, path) or _is_within(path, s) for s in secrets)
+
+
+def _toolchain_root(path: Path) -> Path | None:
+    """The toolchain installation ``path`` belongs to (``/x/.pyenv`` for ``/x/.pyenv/shims``)."""
+    parts = path.parts
+    for root in TOOLCHAIN_ROOTS:
+        want = tuple(root.split("/"))
+        for i in range(1, len(parts) - len(want) + 1):
+            if parts[i : i + len(want)] == want:
+                return Path(*parts[: i + len(want)])
+    return None
+
+
+def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> tuple[Path, ...]:
+    """Read-only binds that keep the caller's PATH tools working inside the sandbox.
+
+    Only directories under ``home`` (the rest of HOME is a fresh tmpfs) or outside the
+    system paths are returned; a directory that is or holds a secret location is never
+    returned.
+    """
+    secrets = [*secret_paths(home), *denied]
+    out: list[Path] = []
+
+    def add(path: Path) -> None:
+        if path == home or path == Path("/") or _touches_secret(path, secrets):
+            return
+        if any(_is_within(path, p) for p in out):
+            return
+        out[:] = [p for p in out if not _is_within(p, path)]
+        out.append(path)
+
+    for entry in env_path.split(os.pathsep):
+        if not entry or not os.path.isabs(entry):
+            continue  # a relative PATH entry would resolve inside the sandbox anyway
+        try:
+            real = Path(entry).resolve()
+        except (OSError, RuntimeError):
+            continue
+        if not real.is_dir():
+            continue
+        root = _toolchain_root(real)
+        if root is not None:
+            add(root)
+        elif _is_within(real, home) or not any(
+            _is_within(real, Path(s)) for s in ("/usr", "/bin", "/sbin", "/opt")
+        ):
+            add(real)
+        if not _is_within(real, home):
+            continue
+        # Entries of a PATH directory under HOME may be symlinks into a tool's own
+        # installation (pipx: ~/.local/bin/x -> ~/.local/pipx/venvs/x/bin/x).
+        try:
+            names = os.listdir(real)
+        except OSError:
+            names = []
+        for name in names:
+            link = real / name
+            if not link.is_symlink():
+                continue
+            try:
+                target = link.resolve()
+            except (OSError, RuntimeError):
+                continue
+            if not target.exists() or not _is_within(target, home):
+                continue
+            add(target.parent.parent if target.parent.name == "bin" else target)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class DenyMatches:
+    """What ``filesystem.deny`` globs matched at the start of a run."""
+
+    files: tuple[Path, ...]
+    dirs: tuple[Path, ...]
+
+
+def expand_deny(globs: Iterable[str], workspace: Path, visible: Iterable[Path]) -> DenyMatches:
+    """Expand deny globs to existing paths inside the ``visible`` areas.
+
+    Relative globs are matched inside the workspace. A path outside every visible area
+    needs no mask (it is invisible anyway). Symlinks are resolved, so a deny on a link
+    denies the real file.
+
+    Raises:
+        TimeoutError: expanding took longer than :data:`DENY_GLOB_BUDGET_S`; the caller
+            refuses the run rather than protect only part of the tree.
+    """
+    roots = [workspace, *visible]
+    deadline = time.monotonic() + DENY_GLOB_BUDGET_S
+    files: list[Path] = []
+    dirs: list[Path] = []
+    for pattern in globs:
+        full = pattern if os.path.isabs(pattern) else str(workspace / pattern)
+        for hit in glob.iglob(full, recursive=True, include_hidden=True):
+            if time.monotonic() > deadline:
+                raise TimeoutError(pattern)
+            real = Path(hit).resolve()
+            if not any(_is_within(real, r) for r in roots):
+                continue
+            (dirs if real.is_dir() else files).append(real)
+    return DenyMatches(tuple(dict.fromkeys(files)), tuple(dict.fromkeys(dirs)))
+
+
+@dataclass(frozen=True, slots=True)
+class Protection:
+    """Protected paths for one run."""
+
+    #: existing protected paths, re-bound read-only
+    existing: tuple[Path, ...]
+    #: directories between the workspace and a protected path, bound onto themselves so
+    #: that renaming them (to build a fresh unprotected copy) fails with EBUSY
+    pinned: tuple[Path, ...]
+    #: placeholders created for this run (removed afterwards if still empty)
+    created: tuple[Path, ...]
+
+
+def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
+    """List and prepare the protected paths of ``workspace``.
+
+    Missing agent/IDE files and directories get an empty placeholder on the host for the
+    duration of the run: a read-only bind needs something to bind, and without it the
+    sandbox could create the file. :func:`remove_placeholders` takes them away again.
+    """
+    existing: list[Path] = []
+    created: list[Path] = []
+    pinned: list[Path] = []
+    git = workspace / ".git"
+    patterns = list(DEFAULT_PROTECTED) + list(extra)
+    if git.is_file() or git.is_symlink():
+        # A .git file redirects git to another directory (worktrees, submodules).
+        patterns.append(".git")
+    for pattern in patterns:
+        for hit in sorted(glob.glob(str(workspace / pattern), include_hidden=True)):
+            path = Path(hit)
+            if path.is_symlink():
+                # The bind follows the link; protect what git would follow, too.
+                real = path.resolve()
+                if _is_within(real, workspace):
+                    existing.append(real)
+            existing.append(path)
+    missing_dirs = [n for n in _DIR_PLACEHOLDERS if not os.path.lexists(workspace / n)]
+    missing_files = [n for n in _FILE_PLACEHOLDERS if not os.path.lexists(workspace / n)]
+    if not os.path.lexists(git):
+        missing_dirs.append(".git")
+    for name in missing_dirs:
+        target = workspace / name
+        try:
+            target.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue  # a read-only workspace needs no protection from writes
+        else:
+            created.append(target)
+        existing.append(target)
+    for name in missing_files:
+        target = workspace / name
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        else:
+            os.close(fd)
+            created.append(target)
+        existing.append(target)
+    for path in existing:
+        parent = path.parent
+        while parent != workspace and _is_within(parent, workspace):
+            pinned.append(parent)
+            parent = parent.parent
+    existing = [p for p in dict.fromkeys(existing) if _is_within(p, workspace)]
+    return Protection(
+        existing=tuple(existing),
+        pinned=tuple(sorted(set(pinned), key=lambda p: len(p.parts))),
+        created=tuple(created),
+    )
+
+
+def remove_placeholders(created: Iterable[Path]) -> list[Path]:
+    """Remove this run's placeholders that are still empty; return those left in place."""
+    left: list[Path] = []
+    for path in created:
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif path.is_file() and path.stat().st_size == 0:
+                path.unlink()
+            else:
+                left.append(path)
+        except OSError:
+            left.append(path)
+    return left
+
+
+def caller_home(env: Mapping[str, str]) -> Path:
+    """The caller's home directory as a resolved path."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(home).resolve()

@@ -1,0 +1,463 @@
+"""Finding, reading, validating and composing policy files.
+
+Search order: ``--policy FILE``; else ``stockade.toml`` in the workspace; else the
+user's ``$XDG_CONFIG_HOME/stockade/policy.toml``; else the built-in default (workspace
+read-write, system read-only, no network). A workspace file is composed on top of the
+user policy (or the default) and may only tighten it: the sandbox can write the
+workspace, so a file there is not trusted to widen anything. A file named explicitly
+with ``--policy`` is trusted as the user's own.
+
+Every error names the file, the key path, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from stockade._exceptions import PolicyError
+from stockade.policy._credentials import looks_like_credential
+from stockade.policy._model import (
+    LAYERS,
+    EnvPass,
+    EnvPolicy,
+    FilesystemPolicy,
+    LayersPolicy,
+    LimitsPolicy,
+    NetworkPolicy,
+    Policy,
+)
+from stockade.policy._schema import SCHEMA, TOP_LEVEL
+from stockade.policy._units import parse_size
+
+WORKSPACE_POLICY = "stockade.toml"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def user_policy_path() -> Path:
+    """``$XDG_CONFIG_HOME/stockade/policy.toml`` (``~/.config`` when unset)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "stockade" / "policy.toml"
+
+
+def load_policy(
+    path: Path | None = None,
+    *,
+    workspace: Path | None = None,
+    extra_allow: tuple[str, ...] = (),
+) -> Policy:
+    """Find, read, validate and compose the policy for a run.
+
+    Args:
+        path: an explicit policy file (``--policy``); trusted as the user's own.
+        workspace: overrides ``filesystem.workspace`` (``--workspace``).
+        extra_allow: hosts added to ``network.allow`` (``--allow-host``).
+
+    Raises:
+        PolicyError: the file is missing, not TOML, or a key or value is wrong.
+    """
+    cwd = Path.cwd()
+    ws_override = _resolve(workspace, cwd) if workspace is not None else None
+    if path is not None:
+        if not path.is_file():
+            raise PolicyError(f"{path}: no such policy file; check the --policy argument")
+        raw = _read(path)
+        policy = _build(raw, str(path), base=None, cwd=cwd, ws_override=ws_override)
+    else:
+        user = user_policy_path()
+        if user.is_file():
+            base = _build(_read(user), str(user), base=None, cwd=cwd, ws_override=ws_override)
+        else:
+            base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override)
+        ws_file = base.filesystem.workspace / WORKSPACE_POLICY
+        if ws_file.is_file():
+            policy = _build(
+                _read(ws_file),
+                str(ws_file),
+                base=base,
+                cwd=cwd,
+                ws_override=base.filesystem.workspace,
+            )
+        else:
+            policy = base
+    if extra_allow:
+        for i, host in enumerate(extra_allow):
+            _check_host_pattern(host, f"--allow-host[{i}]", "command line")
+        policy = replace(
+            policy,
+            network=replace(policy.network, allow=policy.network.allow + tuple(extra_allow)),
+        )
+    return policy
+
+
+def parse_policy_text(text: str, source: str = "<string>", *, workspace: Path | None = None) -> Policy:
+    """Validate a policy given as TOML text (no composition); used by tools and tests."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: not valid TOML: {exc}") from exc
+    cwd = Path.cwd()
+    return _build(raw, source, base=None, cwd=cwd, ws_override=_resolve(workspace, cwd) if workspace else None)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text; save the policy as UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def _spelled(path: Path | str, base: Path) -> Path:
+    """``path`` made absolute and ``..``-free by spelling alone, without following symlinks."""
+    p = Path(os.path.expanduser(str(path)))
+    return Path(os.path.normpath(p if p.is_absolute() else base / p))
+
+
+def _resolve(path: Path | str, base: Path) -> Path:
+    """Absolute, ``~``-expanded, symlink- and ``..``-free form of ``path``."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute():
+        p = base / p
+    return p.resolve()
+
+
+class _Validator:
+    """Checks one file's raw TOML against the schema and converts values."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, value: object, problem: str) -> PolicyError:
+        shown = repr(value) if not isinstance(value, str) else f'"{value}"'
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return PolicyError(f"{self.source}: {key}: {shown}: {problem}")
+
+    def check_shape(self, raw: Mapping[str, Any]) -> None:
+        for name, value in raw.items():
+            if name in TOP_LEVEL:
+                continue
+            if name not in SCHEMA:
+                known = ", ".join([*TOP_LEVEL, *SCHEMA])
+                raise self.fail(name, value, f"unknown key; the top-level keys are {known}")
+            if not isinstance(value, dict):
+                raise self.fail(name, value, f"expected a table; write [{name}]")
+            for key, sub in value.items():
+                if key not in SCHEMA[name]:
+                    known = ", ".join(SCHEMA[name])
+                    raise self.fail(f"{name}.{key}", sub, f"unknown key; [{name}] takes {known}")
+        version = raw.get("version", 1)
+        if version != 1 or isinstance(version, bool):
+            raise self.fail("version", version, "unsupported schema version; this stockade reads version = 1")
+
+    def strs(self, key: str, value: object) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise self.fail(key, value, 'expected a list of strings, e.g. ["a", "b"]')
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.fail(f"{key}[{i}]", item, "expected a string")
+            if not item or "\x00" in item or any(ord(c) < 0x20 for c in item):
+                raise self.fail(f"{key}[{i}]", item, "empty or contains control characters")
+            out.append(item)
+        return tuple(out)
+
+    def str_map(self, key: str, value: object) -> dict[str, str]:
+        if not isinstance(value, dict):
+            raise self.fail(key, value, 'expected a table of strings, e.g. { NAME = "value" }')
+        for name, item in value.items():
+            if not isinstance(item, str):
+                raise self.fail(f"{key}.{name}", item, "expected a string value")
+            if "\x00" in item:
+                raise self.fail(f"{key}.{name}", item, "contains a NUL character")
+        return dict(value)
+
+    def integer(self, key: str, value: object, *, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, value, "expected a whole number")
+        if value < minimum:
+            raise self.fail(key, value, f"must be at least {minimum}")
+        return value
+
+    def seconds(self, key: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, value, "expected a number of seconds (0 = unlimited)")
+        if value < 0 or value != value or value == float("inf"):
+            raise self.fail(key, value, "must be a finite number >= 0 (0 = unlimited)")
+        return float(value)
+
+    def size(self, key: str, value: object) -> int:
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            raise self.fail(key, value, 'expected a size such as "4GiB" or a number of bytes')
+        try:
+            size = parse_size(value)
+        except ValueError as exc:
+            raise self.fail(key, value, str(exc)) from None
+        if size == 0:
+            raise self.fail(key, value, "a size of 0 would stop everything; turn the limits layer off instead")
+        return size
+
+    def boolean(self, key: str, value: object) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, value, "expected true or false")
+        return value
+
+
+def _check_host_pattern(text: str, key: str, source: str) -> None:
+    """Validate a network.allow/deny entry (full host-pattern rules live in _hosts)."""
+    try:
+        from stockade.policy._hosts import parse_pattern
+    except ImportError:  # pragma: no cover - the module ships with the egress layer
+        parse_pattern = None
+    if parse_pattern is not None:
+        try:
+            parse_pattern(text)
+        except ValueError as exc:
+            raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
+        return
+    if text.strip() in ("*", "*.*", ""):
+        raise PolicyError(f'{source}: {key}: "{text}": a bare wildcard allows every host; list the hosts')
+
+
+def _build(
+    raw: Mapping[str, Any],
+    source: str,
+    *,
+    base: Policy | None,
+    cwd: Path,
+    ws_override: Path | None,
+) -> Policy:
+    v = _Validator(source)
+    v.check_shape(raw)
+    fs = raw.get("filesystem", {})
+    env = raw.get("env", {})
+    net = raw.get("network", {})
+    lim = raw.get("limits", {})
+    lay = raw.get("layers", {})
+    notes: list[str] = []
+
+    # --- filesystem -------------------------------------------------------------
+    home = Path.home().resolve()
+    if "workspace" in fs and not isinstance(fs["workspace"], str):
+        raise v.fail("filesystem.workspace", fs["workspace"], "expected a path string")
+    if ws_override is not None and (base is None or "workspace" not in fs):
+        workspace = ws_override
+    else:
+        spelled = fs.get("workspace", ".")
+        ws_base = base.filesystem.workspace if base is not None else cwd
+        workspace = _resolve(spelled, ws_base)
+        if _spelled(spelled, ws_base) != workspace:
+            notes.append(f"filesystem.workspace: {spelled} resolves to {workspace}")
+    if not workspace.is_dir():
+        raise v.fail("filesystem.workspace", str(workspace), "not a directory; create it or fix the path")
+    if workspace == Path("/"):
+        raise v.fail("filesystem.workspace", str(workspace), "the workspace would be the whole system; choose a project directory")
+    if workspace == home:
+        raise v.fail("filesystem.workspace", str(workspace), "the workspace would be your whole home directory; choose a project directory")
+
+    def paths(key: str) -> tuple[Path, ...]:
+        out: list[Path] = []
+        for i, item in enumerate(v.strs(f"filesystem.{key}", fs.get(key, []))):
+            resolved = _resolve(item, workspace)
+            if _spelled(item, workspace) != resolved:
+                where = " (inside your home directory)" if home in resolved.parents else ""
+                notes.append(f"filesystem.{key}[{i}]: {item} resolves to {resolved}{where}")
+            if key == "write" and resolved in (Path("/"), home):
+                raise v.fail(
+                    f"filesystem.{key}[{i}]",
+                    item,
+                    f"grants write to {'/' if resolved == Path('/') else 'your home directory'}"
+                    f" (resolves to {resolved}); list the directories that need it",
+                )
+            if key == "read" and resolved == Path("/"):
+                raise v.fail(
+                    f"filesystem.{key}[{i}]",
+                    item,
+                    "grants read of the whole system; list the directories that need it",
+                )
+            out.append(resolved)
+        return tuple(out)
+
+    read = paths("read")
+    write = paths("write")
+    deny = tuple(os.path.expanduser(g) for g in v.strs("filesystem.deny", fs.get("deny", [])))
+    protect = v.strs("filesystem.protect", fs.get("protect", []))
+    for i, item in enumerate(protect):
+        if Path(item).is_absolute() or ".." in Path(item).parts:
+            raise v.fail(f"filesystem.protect[{i}]", item, "must be a path inside the workspace, relative to it")
+
+    # --- env --------------------------------------------------------------------
+    passes: list[EnvPass] = []
+    raw_pass = env.get("pass", [])
+    if not isinstance(raw_pass, list):
+        raise v.fail("env.pass", raw_pass, 'expected a list of names, e.g. ["CI", "NODE_ENV"]')
+    for i, item in enumerate(raw_pass):
+        key = f"env.pass[{i}]"
+        if isinstance(item, str):
+            entry = EnvPass(item)
+        elif isinstance(item, dict):
+            extra = set(item) - {"name", "allow_secret"}
+            if extra:
+                raise v.fail(key, item, f"unknown key {sorted(extra)[0]!r}; an entry takes name and allow_secret")
+            name = item.get("name")
+            if not isinstance(name, str):
+                raise v.fail(key, item, 'expected { name = "X", allow_secret = true }')
+            entry = EnvPass(name, v.boolean(f"{key}.allow_secret", item.get("allow_secret", False)))
+        else:
+            raise v.fail(key, item, "expected a variable name")
+        if not _ENV_NAME.match(entry.name):
+            raise v.fail(key, entry.name, "not a valid environment variable name")
+        if looks_like_credential(entry.name) and not entry.allow_secret:
+            raise v.fail(
+                key, entry.name,
+                "looks like a credential and would be readable by everything in the sandbox; "
+                f'write {{ name = "{entry.name}", allow_secret = true }} if that is intended',
+            )
+        passes.append(entry)
+    env_set = v.str_map("env.set", env.get("set", {}))
+    for name in env_set:
+        if not _ENV_NAME.match(name):
+            raise v.fail(f"env.set.{name}", name, "not a valid environment variable name")
+
+    # --- network ----------------------------------------------------------------
+    allow = v.strs("network.allow", net.get("allow", []))
+    ndeny = v.strs("network.deny", net.get("deny", []))
+    for key, items in (("network.allow", allow), ("network.deny", ndeny)):
+        for i, item in enumerate(items):
+            _check_host_pattern(item, f"{key}[{i}]", source)
+    hosts = v.str_map("network.hosts", net.get("hosts", {}))
+    for name, addr in hosts.items():
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            raise v.fail(f"network.hosts.{name}", addr, "expected an IP address literal") from None
+    raw_ports = net.get("tls_ports", [443])
+    if not isinstance(raw_ports, list):
+        raise v.fail("network.tls_ports", raw_ports, "expected a list of port numbers, e.g. [443]")
+    tls_ports = tuple(v.integer(f"network.tls_ports[{i}]", p, minimum=1) for i, p in enumerate(raw_ports))
+    for i, port in enumerate(tls_ports):
+        if port > 65535:
+            raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
+
+    # --- limits -----------------------------------------------------------------
+    d = LimitsPolicy()
+    limits = LimitsPolicy(
+        pids=v.integer("limits.pids", lim.get("pids", d.pids), minimum=1),
+        memory=v.size("limits.memory", lim.get("memory", d.memory)),
+        file_size=v.size("limits.file_size", lim.get("file_size", d.file_size)),
+        cpu_seconds=v.integer("limits.cpu_seconds", lim.get("cpu_seconds", d.cpu_seconds)),
+        wall_seconds=v.seconds("limits.wall_seconds", lim.get("wall_seconds", d.wall_seconds)),
+    )
+
+    # --- layers -----------------------------------------------------------------
+    layers = LayersPolicy(
+        **{f.name: v.boolean(f"layers.{f.name}", lay.get(f.name, True)) for f in fields(LayersPolicy)}
+    )
+
+    policy = Policy(
+        filesystem=FilesystemPolicy(workspace, read, write, deny, protect),
+        env=EnvPolicy(tuple(passes), env_set),
+        network=NetworkPolicy(allow, ndeny, hosts, tls_ports),
+        limits=limits,
+        layers=layers,
+        sources=(source,),
+        notes=tuple(notes),
+    )
+    if base is None:
+        return policy
+    return _tighten(base, policy, raw, v)
+
+
+def _covered(path: Path, grants: tuple[Path, ...]) -> bool:
+    return any(path == g or g in path.parents for g in grants)
+
+
+def _min_limit(a: float, b: float) -> float:
+    """The tighter of two limits where 0 means unlimited."""
+    if a == 0:
+        return b
+    if b == 0:
+        return a
+    return min(a, b)
+
+
+def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) -> Policy:
+    """Compose a workspace policy on ``base``: it may only take away, never add."""
+    fs = raw.get("filesystem", {})
+    workspace = base.filesystem.workspace
+    if "workspace" in fs and not _covered(ws.filesystem.workspace, (workspace,)):
+        raise v.fail(
+            "filesystem.workspace", fs["workspace"],
+            "a workspace policy can only narrow the workspace to a directory inside it",
+        )
+    for p in ws.filesystem.read:
+        if not _covered(p, base.filesystem.read + base.filesystem.write + (workspace,)):
+            raise v.fail("filesystem.read", str(p), _WIDEN_FIX)
+    for p in ws.filesystem.write:
+        if not _covered(p, base.filesystem.write + (workspace,)):
+            raise v.fail("filesystem.write", str(p), _WIDEN_FIX)
+    base_pass = {e.name: e for e in base.env.pass_}
+    for e in ws.env.pass_:
+        if e.name not in base_pass or (e.allow_secret and not base_pass[e.name].allow_secret):
+            raise v.fail("env.pass", e.name, _WIDEN_FIX)
+    for host in ws.network.allow:
+        if host not in base.network.allow:
+            raise v.fail("network.allow", host, _WIDEN_FIX)
+    for name, addr in ws.network.hosts.items():
+        if base.network.hosts.get(name) != addr:
+            raise v.fail(f"network.hosts.{name}", addr, _WIDEN_FIX)
+    for layer in LAYERS:
+        if getattr(base.layers, layer) and not getattr(ws.layers, layer):
+            raise v.fail(f"layers.{layer}", False, _WIDEN_FIX)
+    lb, lw = base.limits, ws.limits
+    raw_limits = raw.get("limits", {})
+    limits = LimitsPolicy(
+        pids=min(lb.pids, lw.pids) if "pids" in raw_limits else lb.pids,
+        memory=min(lb.memory, lw.memory) if "memory" in raw_limits else lb.memory,
+        file_size=min(lb.file_size, lw.file_size) if "file_size" in raw_limits else lb.file_size,
+        cpu_seconds=int(_min_limit(lb.cpu_seconds, lw.cpu_seconds)),
+        wall_seconds=_min_limit(lb.wall_seconds, lw.wall_seconds),
+    )
+    return Policy(
+        filesystem=FilesystemPolicy(
+            workspace=ws.filesystem.workspace,
+            read=ws.filesystem.read if "read" in fs else base.filesystem.read,
+            write=ws.filesystem.write if "write" in fs else base.filesystem.write,
+            deny=base.filesystem.deny + ws.filesystem.deny,
+            protect=base.filesystem.protect + ws.filesystem.protect,
+        ),
+        env=EnvPolicy(
+            pass_=ws.env.pass_ if "pass" in raw.get("env", {}) else base.env.pass_,
+            set={**base.env.set, **ws.env.set},
+        ),
+        network=NetworkPolicy(
+            allow=ws.network.allow if "allow" in raw.get("network", {}) else base.network.allow,
+            deny=base.network.deny + ws.network.deny,
+            hosts=ws.network.hosts if "hosts" in raw.get("network", {}) else base.network.hosts,
+            tls_ports=tuple(sorted(set(base.network.tls_ports) | set(ws.network.tls_ports))),
+        ),
+        limits=limits,
+        layers=LayersPolicy(
+            **{name: getattr(base.layers, name) or getattr(ws.layers, name) for name in LAYERS}
+        ),
+        sources=base.sources + ws.sources,
+        notes=base.notes + ws.notes,
+    )
+
+
+_WIDEN_FIX = (
+    "a policy inside the workspace can only tighten the user policy (the sandbox can write "
+    "it); add this to ~/.config/stockade/policy.toml or pass the file with --policy"
+)

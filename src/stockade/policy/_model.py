@@ -1,0 +1,163 @@
+"""The policy as frozen values.
+
+A :class:`Policy` is what the loader produces after validation and composition; every
+path in it is absolute and resolved (symlinks, ``..`` and ``~``), so enforcement never
+re-interprets a spelling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+#: The switchable layers, in the order they are described and reported.
+LAYERS: tuple[str, ...] = (
+    "files",
+    "container",
+    "syscalls",
+    "secrets",
+    "egress",
+    "inspect",
+    "limits",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvPass:
+    """One entry of ``env.pass``: a variable passed through from the caller."""
+
+    name: str
+    allow_secret: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FilesystemPolicy:
+    """``[filesystem]``: what the sandbox may read and write."""
+
+    workspace: Path
+    read: tuple[Path, ...] = ()
+    write: tuple[Path, ...] = ()
+    #: glob patterns (absolute after ``~`` expansion, or relative to the workspace)
+    deny: tuple[str, ...] = ()
+    #: paths inside writable areas that stay read-only (relative to the workspace)
+    protect: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EnvPolicy:
+    """``[env]``: how the child's environment is built."""
+
+    pass_: tuple[EnvPass, ...] = ()
+    set: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """``[network]``: where the sandbox may connect, through the stockade proxy."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    #: name -> IP literal; a pinned name is explicitly allowed to reach that address
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    #: ports on which a CONNECT tunnel must carry TLS with a matching SNI
+    tls_ports: tuple[int, ...] = (443,)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsPolicy:
+    """``[limits]``: resource caps. 0 means unlimited for the time limits."""
+
+    pids: int = 512
+    memory: int = 4 * 1024**3
+    file_size: int = 4 * 1024**3
+    cpu_seconds: int = 0
+    wall_seconds: float = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LayersPolicy:
+    """``[layers]``: each layer is on unless turned off explicitly."""
+
+    files: bool = True
+    container: bool = True
+    syscalls: bool = True
+    secrets: bool = True
+    egress: bool = True
+    inspect: bool = True
+    limits: bool = True
+
+    def active(self) -> tuple[str, ...]:
+        """Names of the layers that are on, in canonical order."""
+        return tuple(name for name in LAYERS if getattr(self, name))
+
+    def without(self, *names: str) -> LayersPolicy:
+        """A copy with the named layers turned off."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in names:
+            values[name] = False
+        return LayersPolicy(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated, composed policy. Build one with :func:`stockade.policy.load_policy`."""
+
+    filesystem: FilesystemPolicy
+    env: EnvPolicy = field(default_factory=EnvPolicy)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    limits: LimitsPolicy = field(default_factory=LimitsPolicy)
+    layers: LayersPolicy = field(default_factory=LayersPolicy)
+    #: where each part came from, most general first ("built-in", a user file, ...)
+    sources: tuple[str, ...] = ("built-in",)
+    #: notes found while loading (paths whose real location differs from their spelling)
+    notes: tuple[str, ...] = ()
+
+    version: int = 1
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, *, workspace: str | Path | None = None) -> Policy:
+        """Load and validate a policy file (or the default search order when ``path`` is None)."""
+        from stockade.policy._load import load_policy
+
+        return load_policy(
+            Path(path) if path is not None else None,
+            workspace=Path(workspace) if workspace is not None else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective policy as plain data, in the v1 key names."""
+        data: dict[str, Any] = {
+            "version": self.version,
+            "filesystem": {
+                "workspace": str(self.filesystem.workspace),
+                "read": [str(p) for p in self.filesystem.read],
+                "write": [str(p) for p in self.filesystem.write],
+                "deny": list(self.filesystem.deny),
+                "protect": list(self.filesystem.protect),
+            },
+            "env": {
+                "pass": [
+                    {"name": e.name, "allow_secret": True} if e.allow_secret else e.name
+                    for e in self.env.pass_
+                ],
+                "set": dict(self.env.set),
+            },
+            "network": {
+                "allow": list(self.network.allow),
+                "deny": list(self.network.deny),
+                "hosts": dict(self.network.hosts),
+                "tls_ports": list(self.network.tls_ports),
+            },
+            "limits": asdict(self.limits),
+            "layers": asdict(self.layers),
+        }
+        return data
+
+    def digest(self) -> str:
+        """A stable hash of the effective policy, recorded in every ``run_start`` event."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,107 @@
+"""The v1 policy schema, declared once.
+
+Every key is declared here with its kind, default and help text. The loader validates
+against these declarations and the policy reference in ``docs/policy.md`` is generated
+from them (``python -m stockade.policy._schema`` prints it), so the two cannot drift.
+The key names are a contract: tools outside the project write such files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One policy key: its kind (how it is validated), default (as TOML) and help."""
+
+    kind: str
+    default: str
+    help: str
+
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "filesystem": {
+        "workspace": Key("path", '"."', "read-write root; relative to the current directory"),
+        "read": Key("paths", "[]", "extra read-only paths"),
+        "write": Key("paths", "[]", "extra read-write paths; never / or your home directory"),
+        "deny": Key(
+            "globs",
+            "[]",
+            "never readable, even inside read/write areas; globs allowed "
+            '("**/.env", "~/.aws"); relative globs are matched in the workspace',
+        ),
+        "protect": Key(
+            "relpaths",
+            "[]",
+            "paths inside the workspace that stay read-only, added to the built-in list "
+            "(.git/hooks, .git/config, .claude/, .vscode/, ...)",
+        ),
+    },
+    "env": {
+        "pass": Key(
+            "env_pass",
+            "[]",
+            "names passed through from the caller; a credential-like name needs "
+            '{ name = "X", allow_secret = true }',
+        ),
+        "set": Key("str_map", "{}", "names set to fixed values"),
+    },
+    "network": {
+        "allow": Key("strs", "[]", 'hosts the proxy may reach: "host", "*.suffix", "host:port", IPs, CIDRs'),
+        "deny": Key("strs", "[]", "hosts never reached; wins over allow"),
+        "hosts": Key("str_map", "{}", 'pin a name to an address: "name.test" = "127.0.0.1"'),
+        "tls_ports": Key("ports", "[443]", "ports on which a tunnel must carry TLS whose SNI matches"),
+    },
+    "limits": {
+        "pids": Key("count", "512", "most processes and threads at once"),
+        "memory": Key("size", '"4GiB"', "memory cap (address space per process without a cgroup)"),
+        "file_size": Key("size", '"4GiB"', "largest file the sandbox may write"),
+        "cpu_seconds": Key("count", "0", "CPU time cap per process; 0 = unlimited"),
+        "wall_seconds": Key("seconds", "0", "wall-time cap for the whole run; 0 = unlimited"),
+    },
+    "layers": {
+        name: Key("bool", "true", help_)
+        for name, help_ in (
+            ("files", "Landlock: only the workspace, system and listed paths are reachable"),
+            ("container", "bubblewrap namespaces: no host processes, sockets or files"),
+            ("syscalls", "seccomp: no new namespaces, mount API, keyctl, bpf, io_uring, ptrace"),
+            ("secrets", "the environment is built from an allow-list"),
+            ("egress", "no network but the stockade proxy, which allows listed hosts only"),
+            ("inspect", "TLS interception, request rules, credential binding, data labels"),
+            ("limits", "pids, memory, file size, CPU and wall time"),
+        )
+    },
+}
+
+TOP_LEVEL: dict[str, Key] = {
+    "version": Key("version", "1", "schema version; must be 1"),
+}
+
+
+def reference_markdown() -> str:
+    """The policy reference as Markdown, generated from :data:`SCHEMA`."""
+    lines = [
+        "# Policy reference (v1)",
+        "",
+        "Generated from `src/stockade/policy/_schema.py`; "
+        "`python -m stockade.policy._schema > docs/policy.md` regenerates it.",
+        "",
+        "```toml",
+        "version = 1",
+    ]
+    for section, keys in SCHEMA.items():
+        lines.append(f"[{section}]")
+        for name, key in keys.items():
+            lines.append(f"{name} = {key.default:<8} # {key.help}")
+    lines += ["```", ""]
+    for section, keys in SCHEMA.items():
+        lines += [f"## `[{section}]`", "", "| key | kind | default | meaning |", "|---|---|---|---|"]
+        for name, key in keys.items():
+            lines.append(f"| `{name}` | {key.kind} | `{key.default}` | {key.help} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

@@ -1,0 +1,143 @@
+"""What this host can enforce: bubblewrap, user namespaces, Landlock, seccomp, cgroups.
+
+Checks are cheap and cached per process; ``stockade doctor`` prints them all and
+``run`` refuses to start when a layer the policy asks for is missing (fail closed).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade._exceptions import Unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One host feature: whether it works, what was found, and the fix when it does not."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@functools.cache
+def find_bwrap() -> str | None:
+    """The bubblewrap binary: ``$STOCKADE_BWRAP`` or the first ``bwrap`` on PATH.
+
+    A bwrap inside the current directory is refused: a workspace could plant one.
+    """
+    explicit = os.environ.get("STOCKADE_BWRAP")
+    candidate = explicit or shutil.which("bwrap")
+    if not candidate:
+        return None
+    real = Path(candidate).resolve()
+    cwd = Path.cwd().resolve()
+    if not explicit and (real == cwd or cwd in real.parents):
+        return None
+    return str(real)
+
+
+def require_bwrap() -> str:
+    """The bwrap path, or :class:`Unavailable` naming the fix."""
+    path = find_bwrap()
+    if path is None:
+        raise Unavailable(
+            "bubblewrap (bwrap)",
+            "install it: sudo apt-get install bubblewrap (or: stockade doctor)",
+        )
+    return path
+
+
+@functools.cache
+def userns_check() -> Check:
+    """Whether bwrap can create an unprivileged user namespace here."""
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return Check("user namespaces", False, "bwrap not installed", "sudo apt-get install bubblewrap")
+    proc = subprocess.run(
+        [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--disable-userns",
+         "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode == 0:
+        return Check("user namespaces", True, "bwrap can create user, pid and net namespaces")
+    err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    fix = "enable unprivileged user namespaces: sudo sysctl -w kernel.unprivileged_userns_clone=1"
+    restrict = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+    if restrict.exists() and restrict.read_text().strip() == "1":
+        fix = (
+            "Ubuntu's AppArmor restricts unprivileged user namespaces: install an AppArmor "
+            "profile for bwrap (abi <abi/4.0>, 'userns,') or run: "
+            "sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"
+        )
+    if "disable-userns" in err:
+        fix = "bubblewrap 0.8 or newer is needed for --disable-userns; upgrade bubblewrap"
+    return Check("user namespaces", False, err, fix)
+
+
+@functools.cache
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel, 0 when Landlock is unavailable."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    landlock_create_ruleset = 444  # same number on every architecture
+    version = libc.syscall(landlock_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(int(version), 0)
+
+
+@functools.cache
+def seccomp_available() -> bool:
+    """Whether the kernel has seccomp filters (``Seccomp:`` in /proc/self/status)."""
+    try:
+        return "\nSeccomp:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+@functools.cache
+def cgroup_delegation() -> Check:
+    """Whether a delegated cgroup v2 subtree with the pids and memory controllers exists."""
+    try:
+        rel = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return Check("cgroup v2", False, "cannot read /proc/self/cgroup")
+    unified = next((line.split(":", 2)[2] for line in rel if line.startswith("0::")), None)
+    if unified is None:
+        return Check("cgroup v2", False, "no unified cgroup hierarchy", "boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)")
+    mount = Path("/sys/fs/cgroup")
+    if not (mount / "cgroup.controllers").exists():
+        mount = Path("/sys/fs/cgroup/unified")
+    base = mount / unified.lstrip("/")
+    try:
+        controllers = (base / "cgroup.controllers").read_text().split()
+    except OSError:
+        return Check("cgroup v2", False, f"{base} has no cgroup.controllers", "use a systemd user session with delegation")
+    missing = [c for c in ("pids", "memory") if c not in controllers]
+    writable = os.access(base / "cgroup.subtree_control", os.W_OK)
+    if missing or not writable:
+        why = f"controllers {', '.join(missing)} not delegated" if missing else f"{base} not writable"
+        return Check(
+            "cgroup v2", False, why,
+            "limits fall back to rlimits; for per-sandbox pids/memory caps run under "
+            "'systemd-run --user --scope -p Delegate=yes'",
+        )
+    return Check("cgroup v2", True, f"delegated at {base}")
+
+
+def require_landlock() -> int:
+    """The Landlock ABI, or :class:`Unavailable` naming the fix."""
+    abi = landlock_abi()
+    if abi < 1:
+        raise Unavailable(
+            "Landlock (files layer)",
+            "use a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and landlock in lsm=, "
+            "or run with --disable files",
+        )
+    return abi

@@ -1,0 +1,485 @@
+"""One sandboxed run, from policy to exit code.
+
+The order matters and is the same every time: check that every layer the policy asks
+for can be applied (refuse otherwise: fail closed), open the audit log (refuse if it
+cannot be written: never run unaudited), plan the mounts, environment and launcher,
+start the egress proxy if the policy allows any host, spawn bubblewrap, relay the
+terminal, wait (killing the whole tree on timeout), clean up and audit the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stockade._exceptions import (
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    SandboxError,
+    Unavailable,
+)
+from stockade.audit import AuditLog
+from stockade.enforce import bubblewrap, environment, paths
+from stockade.policy import Decision, Policy, Reason
+from stockade.runtime import _host
+
+Event = dict[str, Any]
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def default_audit_dir() -> Path:
+    """``$XDG_STATE_HOME/stockade/runs`` (``~/.local/state`` when unset)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "stockade" / "runs"
+
+
+@dataclass(slots=True)
+class RunRequest:
+    """What to run and how; the policy is already loaded and validated."""
+
+    argv: Sequence[str]
+    policy: Policy
+    cwd: Path | None = None
+    #: append events here; None means one new file per run under the state directory
+    audit_path: Path | None = None
+    #: keep events in memory only (the API may ask for that); never for the CLI
+    audit_to_file: bool = True
+    timeout: float | None = None
+    stdin: int | IO[Any] | None = None
+    stdout: int | IO[Any] | None = None
+    stderr: int | IO[Any] | None = None
+    input: bytes | None = None
+    capture_output: bool = False
+    #: give the command a pty of its own when stdin is a terminal
+    allow_pty: bool = True
+    #: forward SIGINT/SIGTERM/SIGHUP received by this process to the command
+    forward_signals: bool = False
+    caller_env: Mapping[str, str] | None = None
+    on_event: Callable[[Event], None] | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The outcome of one run."""
+
+    argv: list[str]
+    returncode: int
+    run_id: str
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+    events: list[Event] = field(default_factory=list)
+    audit_path: Path | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+
+    @property
+    def denials(self) -> list[Event]:
+        """The events whose verdict is ``deny``."""
+        return [e for e in self.events if e.get("verdict") == "deny"]
+
+
+def _require_layers(policy: Policy) -> str | None:
+    """Check every requested layer can be applied; return the bwrap path when needed."""
+    layers = policy.layers
+    bwrap = None
+    if layers.container or layers.egress:
+        bwrap = _host.require_bwrap()
+        check = _host.userns_check()
+        if not check.ok:
+            raise Unavailable(f"user namespaces ({check.detail})", check.fix)
+    if layers.files:
+        _host.require_landlock()
+    if layers.syscalls and not _host.seccomp_available():
+        raise Unavailable("seccomp (syscalls layer)", "use a kernel with CONFIG_SECCOMP_FILTER, or run with --disable syscalls")
+    return bwrap
+
+
+def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str | None:
+    """Where ``argv[0]`` will be found, by the child's PATH; None when nowhere."""
+    cmd = argv[0]
+    if "/" in cmd:
+        path = cmd if os.path.isabs(cmd) else str(cwd / cmd)
+        return path if os.path.exists(path) else None
+    return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="stockade-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def execute(request: RunRequest) -> RunResult:
+    """Run ``request.argv`` in the sandbox described by ``request.policy``.
+
+    Raises:
+        Unavailable: a layer the policy asks for cannot be applied on this host.
+        SandboxError: the sandbox could not be set up (the audit log says why).
+    """
+    policy = request.policy
+    if not request.argv:
+        raise SandboxError("no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]")
+    bwrap = _require_layers(policy)
+    run_id = uuid.uuid4().hex[:12]
+    audit_path = request.audit_path
+    if audit_path is None and request.audit_to_file:
+        audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
+    audit = AuditLog(run_id, audit_path)
+    if request.on_event is not None:
+        audit.subscribe(request.on_event)
+    started = time.monotonic()
+    try:
+        return _execute(request, policy, bwrap, audit, started)
+    finally:
+        audit.close()
+
+
+def _execute(
+    request: RunRequest, policy: Policy, bwrap: str | None, audit: AuditLog, started: float
+) -> RunResult:
+    caller_env = dict(os.environ if request.caller_env is None else request.caller_env)
+    fs = policy.filesystem
+    workspace = fs.workspace
+    cwd = (request.cwd or Path.cwd()).resolve()
+    if not (cwd == workspace or workspace in cwd.parents):
+        cwd = workspace
+    home = paths.caller_home(caller_env)
+    layers = policy.layers
+    audit.emit(
+        "run_start",
+        policy_hash=policy.digest(),
+        policy_sources=list(policy.sources),
+        layers=list(layers.active()),
+        argv=list(request.argv),
+        workspace=str(workspace),
+        cwd=str(cwd),
+    )
+    for note in policy.notes:
+        audit.emit("policy_note", layer="files", verdict="report", reason="path-resolved", detail=note)
+
+    env_plan = environment.build_environment(
+        caller_env, policy.env, home=str(home), enabled=layers.secrets
+    )
+    for name in env_plan.withheld_credentials:
+        audit.decision("denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name)
+
+    protection = paths.Protection((), (), ())
+    returncode = 0
+    timed_out = False
+    stdout_data: bytes | None = None
+    stderr_data: bytes | None = None
+    try:
+        with _scratch() as scratch:
+            if layers.container:
+                try:
+                    deny = paths.expand_deny(fs.deny, workspace, (*fs.read, *fs.write))
+                except TimeoutError as exc:
+                    raise SandboxError(
+                        f"filesystem.deny: expanding {exc.args[0]!r} took more than "
+                        f"{paths.DENY_GLOB_BUDGET_S:g}s; make the glob narrower"
+                    ) from None
+                protection = paths.protect_paths(workspace, fs.protect)
+                toolchains = paths.toolchain_paths(
+                    caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
+                )
+                plan = bubblewrap.ContainerPlan(
+                    workspace=workspace,
+                    home=home,
+                    read=fs.read,
+                    write=fs.write,
+                    toolchains=toolchains,
+                    masked_files=deny.files,
+                    masked_dirs=deny.dirs,
+                    protected=protection.existing,
+                    pinned=protection.pinned,
+                    share_net=not layers.egress,
+                    cwd=cwd,
+                )
+                child_env = env_plan.env
+            else:
+                # Without the container the command sees the host's file system; it
+                # gets scratch HOME and TMPDIR so that well-behaved tools stay inside
+                # what the files layer grants.
+                (scratch / "home").mkdir()
+                (scratch / "tmp").mkdir()
+                child_env = dict(env_plan.env)
+                child_env["HOME"] = str(scratch / "home")
+                child_env["TMPDIR"] = str(scratch / "tmp")
+                plan = bubblewrap.ContainerPlan(
+                    workspace=workspace, home=home, isolate=False, cwd=cwd
+                )
+            if _resolve_command(request.argv, child_env, cwd) is None:
+                audit.emit("run_end", returncode=EXIT_NOT_FOUND, duration=time.monotonic() - started,
+                           reason="command-not-found")
+                print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
+                return RunResult(list(request.argv), EXIT_NOT_FOUND, audit.run_id,
+                                 events=audit.events, audit_path=audit.path,
+                                 duration=time.monotonic() - started)
+            command = list(request.argv)
+            if bwrap is not None and (layers.container or layers.egress):
+                argv = bubblewrap.build_argv(plan, command, bwrap=bwrap)
+            else:
+                argv = command
+            returncode, timed_out, stdout_data, stderr_data = _spawn(
+                argv, child_env, cwd, request, audit
+            )
+    finally:
+        left = paths.remove_placeholders(protection.created)
+        for path in left:
+            audit.decision(
+                "denied",
+                Decision.deny("files", Reason.PATH_PROTECTED, detail=str(path)),
+                path=str(path),
+            )
+    duration = time.monotonic() - started
+    if timed_out:
+        audit.decision(
+            "denied",
+            Decision.deny("limits", Reason.LIMIT_WALL_TIME, detail=f"{request.timeout:g}s"),
+        )
+        returncode = EXIT_TIMEOUT
+    audit.emit("run_end", returncode=returncode, duration=round(duration, 6))
+    return RunResult(
+        list(request.argv),
+        returncode,
+        audit.run_id,
+        stdout=stdout_data,
+        stderr=stderr_data,
+        events=audit.events,
+        audit_path=audit.path,
+        timed_out=timed_out,
+        duration=duration,
+    )
+
+
+def _wall_timeout(request: RunRequest) -> float | None:
+    limits = request.policy.limits
+    candidates = [t for t in (request.timeout,) if t]
+    if request.policy.layers.limits and limits.wall_seconds:
+        candidates.append(limits.wall_seconds)
+    return min(candidates) if candidates else None
+
+
+def _spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    request: RunRequest,
+    audit: AuditLog,
+) -> tuple[int, bool, bytes | None, bytes | None]:
+    """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr)."""
+    timeout = _wall_timeout(request)
+    if timeout is not None:
+        request.timeout = timeout
+    stdin = request.stdin
+    use_pty = (
+        request.allow_pty
+        and stdin is None
+        and request.input is None
+        and not request.capture_output
+        and sys.stdin.isatty()
+    )
+    if use_pty:
+        return _spawn_pty(argv, env, cwd, request, timeout)
+    stdout = subprocess.PIPE if request.capture_output else request.stdout
+    stderr = subprocess.PIPE if request.capture_output else request.stderr
+    if request.input is not None:
+        stdin = subprocess.PIPE
+    try:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            # Its own session: terminal signals reach stockade, which forwards them, and
+            # the sandbox can never get the caller's terminal as its controlling tty.
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+    with _forwarding(proc, request.forward_signals):
+        try:
+            out, err = proc.communicate(request.input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            out, err = proc.communicate()
+            return EXIT_TIMEOUT, True, out, err
+        except BaseException:
+            _kill_tree(proc)
+            raise
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the sandbox and everything in it.
+
+    SIGKILL to bwrap makes the kernel deliver its parent-death signal to the sandbox's
+    init, and the death of a PID namespace's init kills every process in it. Without the
+    container layer the command's own process group is killed too.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+def _command_pid(proc: subprocess.Popen[bytes]) -> int:
+    """The pid (in our namespace) that should receive forwarded signals.
+
+    bwrap's monitor does not forward signals, so they go to the command itself: the
+    child of bwrap's init in the sandbox's PID namespace.
+    """
+    pid = proc.pid
+    for _ in range(3):
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            break
+        if not children:
+            break
+        pid = int(children[0])
+    return pid
+
+
+@contextlib.contextmanager
+def _forwarding(proc: subprocess.Popen[bytes], enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(_command_pid(proc), signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _spawn_pty(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    request: RunRequest,
+    timeout: float | None,
+) -> tuple[int, bool, bytes | None, bytes | None]:
+    """Run with a pty of its own; relay between it and the caller's terminal.
+
+    The sandbox never holds the caller's terminal, so TIOCSTI and friends can only
+    reach its own pty. The caller's terminal is put in raw mode for the duration.
+    """
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import tty
+
+    master, slave = pty.openpty()
+    in_fd = sys.stdin.fileno()
+    out_fd = sys.stdout.fileno()
+    try:
+        size = fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+    except OSError:
+        pass
+    env = dict(env)
+    env.setdefault("TERM", "xterm")
+    stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
+    stderr_target: int | IO[Any] = slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+    try:
+        proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdin=slave, stdout=stdout_target, stderr=stderr_target,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        os.close(master)
+        os.close(slave)
+        raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+    os.close(slave)
+    saved = termios.tcgetattr(in_fd)
+    deadline = time.monotonic() + timeout if timeout else None
+    timed_out = False
+
+    def resize(_signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8))
+
+    old_winch = signal.signal(signal.SIGWINCH, resize)
+    sel = selectors.DefaultSelector()
+    try:
+        tty.setraw(in_fd)
+        sel.register(master, selectors.EVENT_READ)
+        sel.register(in_fd, selectors.EVENT_READ)
+        with _forwarding(proc, request.forward_signals):
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if deadline is not None and wait == 0:
+                    timed_out = True
+                    _kill_tree(proc)
+                    break
+                for key, _ in sel.select(wait if wait is not None else 0.5):
+                    if key.fd == master:
+                        try:
+                            data = os.read(master, 65536)
+                        except OSError:
+                            data = b""
+                        if not data:
+                            sel.unregister(master)
+                            continue
+                        os.write(out_fd, data)
+                    else:
+                        data = os.read(in_fd, 65536)
+                        if not data:
+                            sel.unregister(in_fd)
+                            continue
+                        os.write(master, data)
+                if proc.poll() is not None and master not in [k.fd for k in sel.get_map().values()]:
+                    break
+                if proc.poll() is not None:
+                    # Drain what is left of the pty, then stop.
+                    with contextlib.suppress(OSError):
+                        while sel.select(0.05):
+                            data = os.read(master, 65536)
+                            if not data:
+                                break
+                            os.write(out_fd, data)
+                    break
+    finally:
+        termios.tcsetattr(in_fd, termios.TCSAFLUSH, saved)
+        signal.signal(signal.SIGWINCH, old_winch)
+        sel.close()
+        os.close(master)
+    code = proc.wait()
+    if timed_out:
+        return EXIT_TIMEOUT, True, None, None
+    return (code if code >= 0 else 128 - code), False, None, None
+
+
+def info_json(fd: int) -> dict[str, Any]:
+    """Read bwrap's ``--info-fd`` JSON document."""
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read()
+    value = json.loads(data or b"{}")
+    return value if isinstance(value, dict) else {}
