@@ -35,6 +35,9 @@ class Reason(enum.StrEnum):
     BAD_REQUEST = "bad-request"
     UNSUPPORTED_PROTOCOL = "unsupported-protocol"
     SNI_MISMATCH = "sni-mismatch"
+    SNI_MISSING = "sni-missing"
+    HANDSHAKE_TIMEOUT = "handshake-timeout"
+    CONNECTION_LIMIT = "connection-limit"
     NOT_TLS = "not-tls"
     UPSTREAM_FAILED = "upstream-failed"
     # inspect
