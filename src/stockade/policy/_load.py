@@ -232,21 +232,13 @@ class _Validator:
 
 
 def _check_host_pattern(text: str, key: str, source: str) -> None:
-    """Validate a network.allow/deny entry (full host-pattern rules live in _hosts)."""
+    """Validate a network.allow/deny entry with the same parser the proxy uses."""
+    from stockade.policy._hosts import parse_pattern
+
     try:
-        from stockade.policy._hosts import parse_pattern
-    except ImportError:  # pragma: no cover - the module ships with the egress layer
-        parse_pattern = None
-    if parse_pattern is not None:
-        try:
-            parse_pattern(text)
-        except ValueError as exc:
-            raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
-        return
-    if text.strip() in ("*", "*.*", ""):
-        raise PolicyError(
-            f'{source}: {key}: "{text}": a bare wildcard allows every host; list the hosts'
-        )
+        parse_pattern(text)
+    except ValueError as exc:
+        raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
 
 
 def _build(

@@ -10,7 +10,6 @@ terminal, wait (killing the whole tree on timeout), clean up and audit the end.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import shutil
@@ -186,8 +185,16 @@ def _execute(
             "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
         )
 
+    # The proxy is needed when the egress layer is on and the policy allows anything;
+    # with nothing allowed the sandbox simply has an empty network namespace.
+    needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
+    extra_env: dict[str, str] = {}
+    if needs_proxy:
+        from stockade.runtime import _egress
+
+        extra_env.update(_egress.proxy_env())
     env_plan = environment.build_environment(
-        caller_env, policy.env, home=str(home), enabled=layers.secrets
+        caller_env, policy.env, home=str(home), enabled=layers.secrets, extra=extra_env
     )
     for name in env_plan.withheld_credentials:
         audit.decision(
@@ -278,18 +285,30 @@ def _execute(
                     plan = replace(plan, files=(*plan.files, (Path(prefix[0]), LAUNCHER_INSIDE)))
                     prefix = [LAUNCHER_INSIDE, *prefix[1:]]
                 command = [*prefix, *command]
+            start: _Start | None = None
+            if needs_proxy:
+                start = _Start(policy, audit)
             if bwrap is not None and (layers.container or layers.egress):
-                argv = bubblewrap.build_argv(plan, command, bwrap=bwrap)
+                argv = bubblewrap.build_argv(
+                    plan,
+                    command,
+                    bwrap=bwrap,
+                    info_fd=start.info_w if start else None,
+                    block_fd=start.block_r if start else None,
+                )
                 depth = 2 if plan.isolate else 1
             else:
                 argv, depth = command, 0
+            fds = [fd for fd in (launcher_fd, *(start.child_fds() if start else ())) if fd >= 0]
             try:
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
-                    argv, child_env, cwd, request, depth, use_pty, launcher_fd
+                    argv, child_env, cwd, request, depth, use_pty, tuple(fds), start
                 )
             finally:
                 if launcher_fd >= 0:
                     os.close(launcher_fd)
+                if start is not None:
+                    start.close()
     finally:
         left = paths.remove_placeholders(protection.created)
         for path in left:
@@ -394,16 +413,16 @@ def _spawn(
     request: RunRequest,
     depth: int,
     use_pty: bool,
-    pass_fd: int,
+    pass_fds: tuple[int, ...],
+    start: _Start | None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr)."""
     timeout = _wall_timeout(request)
     if timeout is not None:
         request.timeout = timeout
     stdin = request.stdin
-    pass_fds = (pass_fd,) if pass_fd >= 0 else ()
     if use_pty:
-        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds)
+        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds, start)
     stdout = subprocess.PIPE if request.capture_output else request.stdout
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
@@ -424,6 +443,8 @@ def _spawn(
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+    if start is not None:
+        start.release(proc)
     with _forwarding(proc, request.forward_signals, depth):
         try:
             out, err = proc.communicate(request.input, timeout=timeout)
@@ -495,6 +516,7 @@ def _spawn_pty(
     timeout: float | None,
     depth: int,
     pass_fds: tuple[int, ...],
+    start: _Start | None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Run with a pty of its own; relay between it and the caller's terminal.
 
@@ -537,6 +559,8 @@ def _spawn_pty(
         os.close(slave)
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
     os.close(slave)
+    if start is not None:
+        start.release(proc)
     saved = termios.tcgetattr(in_fd)
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
@@ -598,9 +622,45 @@ def _spawn_pty(
     return (code if code >= 0 else 128 - code), False, None, None
 
 
-def info_json(fd: int) -> dict[str, Any]:
-    """Read bwrap's ``--info-fd`` JSON document."""
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read()
-    value = json.loads(data or b"{}")
-    return value if isinstance(value, dict) else {}
+class _Start:
+    """The egress start-up handshake with bubblewrap (``--info-fd`` and ``--block-fd``)."""
+
+    def __init__(self, policy: Policy, audit: AuditLog) -> None:
+        from stockade.runtime._egress import ProxyThread
+
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+        self.proxy = ProxyThread(policy, audit)
+
+    def child_fds(self) -> tuple[int, int]:
+        """The pipe ends bubblewrap inherits."""
+        return self.info_w, self.block_r
+
+    def release(self, proc: subprocess.Popen[bytes]) -> None:
+        """Wire the proxy into the sandbox's network namespace, then let the command run.
+
+        On any failure the sandbox is killed before its command ever starts.
+        """
+        from stockade.runtime._egress import read_child_pid
+
+        os.close(self.info_w)
+        os.close(self.block_r)
+        self.info_w = self.block_r = -1
+        try:
+            pid = read_child_pid(self.info_r)
+            self.info_r = -1
+            self.proxy.attach(pid)
+        except BaseException:
+            _kill_tree(proc)
+            raise
+        os.write(self.block_w, b"1")
+        os.close(self.block_w)
+        self.block_w = -1
+
+    def close(self) -> None:
+        """Stop the proxy and close what is left of the pipes."""
+        for fd in (self.info_r, self.info_w, self.block_r, self.block_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.proxy.close()
