@@ -585,7 +585,8 @@ def _spawn_pty(
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
     try:
-        tty.setraw(in_fd)
+        # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
+        tty.setraw(in_fd, termios.TCSANOW)
         sel.register(master, selectors.EVENT_READ)
         sel.register(in_fd, selectors.EVENT_READ)
         with _forwarding(proc, request.forward_signals, depth):
