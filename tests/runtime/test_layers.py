@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
@@ -136,14 +137,10 @@ def _pty_run(world: World, script: bytes, *args: str, wait: float = 15) -> bytes
             done, _status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, 9)
-    except ProcessLookupError:
-        pass
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
     os.close(fd)
     return out
 
@@ -173,7 +170,7 @@ def test_tiocsti_cannot_reach_the_callers_terminal(world: World) -> None:
 
 def test_limits_file_size(world: World) -> None:
     (world.workspace / "p.toml").write_text('[limits]\nfile_size = "1MiB"\n')
-    proc = world.stockade(
+    world.stockade(
         "run",
         "--policy",
         "p.toml",
