@@ -34,7 +34,8 @@ def _policy(
             loaded = replace(loaded, filesystem=replace(loaded.filesystem, workspace=ws.resolve()))
         if allow_hosts:
             loaded = replace(
-                loaded, network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts))
+                loaded,
+                network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts)),
             )
     else:
         path = Path(os.fspath(policy)) if policy is not None else None
@@ -121,8 +122,16 @@ class CompletedRun:
         self._result = result
         self.args = result.argv
         self.returncode = result.returncode
-        self.stdout: Any = result.stdout.decode(errors="replace") if text and result.stdout is not None else result.stdout
-        self.stderr: Any = result.stderr.decode(errors="replace") if text and result.stderr is not None else result.stderr
+        self.stdout: Any = (
+            result.stdout.decode(errors="replace")
+            if text and result.stdout is not None
+            else result.stdout
+        )
+        self.stderr: Any = (
+            result.stderr.decode(errors="replace")
+            if text and result.stderr is not None
+            else result.stderr
+        )
 
     @property
     def events(self) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ every connection they accept, so "the upstream saw nothing" is checked, not assu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import os
 import socket
@@ -153,7 +154,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_HEAD = _answer
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, fmt: str, *args: Any) -> None:
         return
 
 
@@ -231,10 +232,8 @@ class SinkServer:
                 return
             self.connections += 1
             conn.settimeout(0.5)
-            try:
+            with contextlib.suppress(OSError):
                 self.data += conn.recv(65536)
-            except OSError:
-                pass
             conn.close()
 
     def close(self) -> None:
@@ -406,10 +405,7 @@ def socks_connect(
     """Do a SOCKS5 no-auth handshake and request; returns the reply code."""
     sock.sendall(b"\x05\x01\x00")
     assert sock.recv(2) == b"\x05\x00"
-    if atyp == 3:
-        body = bytes((len(address),)) + address
-    else:
-        body = address
+    body = bytes((len(address),)) + address if atyp == 3 else address
     sock.sendall(bytes((5, command, 0, atyp)) + body + port.to_bytes(2, "big"))
     reply = b""
     while len(reply) < 10:

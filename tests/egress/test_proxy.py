@@ -505,7 +505,7 @@ def test_percent_encoded_host_refused(make_proxy: MakeProxy) -> None:
     proxy = make_proxy()
     sock = proxy.connect()
     sock.sendall(b"GET http://%61llowed.test/ HTTP/1.1\r\nHost: x\r\n\r\n")
-    status, body = read_http_response(sock)
+    status, _ = read_http_response(sock)
     sock.close()
     assert status == 400
     assert proxy.last("net_request").reason == "bad-hostname"

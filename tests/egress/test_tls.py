@@ -143,15 +143,19 @@ def test_real_tls_client_through_socks(make_proxy: MakeProxy, tls_server: TLSSer
         assert tls.recv(100) == b"echo:socks"
 
 
+def _tls_roundtrip(context: ssl.SSLContext, sock: socket.socket, name: str | None) -> None:
+    with context.wrap_socket(sock, server_hostname=name) as tls:
+        tls.sendall(b"x")
+        tls.recv(10)
+
+
 def _tls_fails(proxy: ProxyHarness, tls_server: TLSServer, server_name: str | None) -> None:
     sock = open_tunnel(proxy, f"allowed.test:{tls_server.port}")
     context = tls_server.client_context()
     if server_name is None:
         context.check_hostname = False
     with pytest.raises((ssl.SSLError, OSError)):
-        with context.wrap_socket(sock, server_hostname=server_name) as tls:
-            tls.sendall(b"x")
-            tls.recv(10)
+        _tls_roundtrip(context, sock, server_name)
     sock.close()
 
 

@@ -103,7 +103,10 @@ def _require_layers(policy: Policy) -> str | None:
     if layers.files:
         _host.require_landlock()
     if layers.syscalls and not _host.seccomp_available():
-        raise Unavailable("seccomp (syscalls layer)", "use a kernel with CONFIG_SECCOMP_FILTER, or run with --disable syscalls")
+        raise Unavailable(
+            "seccomp (syscalls layer)",
+            "use a kernel with CONFIG_SECCOMP_FILTER, or run with --disable syscalls",
+        )
     return bwrap
 
 
@@ -171,13 +174,17 @@ def _execute(
         cwd=str(cwd),
     )
     for note in policy.notes:
-        audit.emit("policy_note", layer="files", verdict="report", reason="path-resolved", detail=note)
+        audit.emit(
+            "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
+        )
 
     env_plan = environment.build_environment(
         caller_env, policy.env, home=str(home), enabled=layers.secrets
     )
     for name in env_plan.withheld_credentials:
-        audit.decision("denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name)
+        audit.decision(
+            "denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name
+        )
 
     protection = paths.Protection((), (), ())
     returncode = 0
@@ -225,12 +232,21 @@ def _execute(
                     workspace=workspace, home=home, isolate=False, cwd=cwd
                 )
             if _resolve_command(request.argv, child_env, cwd) is None:
-                audit.emit("run_end", returncode=EXIT_NOT_FOUND, duration=time.monotonic() - started,
-                           reason="command-not-found")
+                audit.emit(
+                    "run_end",
+                    returncode=EXIT_NOT_FOUND,
+                    duration=time.monotonic() - started,
+                    reason="command-not-found",
+                )
                 print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
-                return RunResult(list(request.argv), EXIT_NOT_FOUND, audit.run_id,
-                                 events=audit.events, audit_path=audit.path,
-                                 duration=time.monotonic() - started)
+                return RunResult(
+                    list(request.argv),
+                    EXIT_NOT_FOUND,
+                    audit.run_id,
+                    events=audit.events,
+                    audit_path=audit.path,
+                    duration=time.monotonic() - started,
+                )
             command = list(request.argv)
             if bwrap is not None and (layers.container or layers.egress):
                 argv = bubblewrap.build_argv(plan, command, bwrap=bwrap)
@@ -407,11 +423,19 @@ def _spawn_pty(
     env = dict(env)
     env.setdefault("TERM", "xterm")
     stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
-    stderr_target: int | IO[Any] = slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+    stderr_target: int | IO[Any] = (
+        slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+    )
     try:
         proc = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=slave, stdout=stdout_target, stderr=stderr_target,
-            start_new_session=True, close_fds=True,
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=slave,
+            stdout=stdout_target,
+            stderr=stderr_target,
+            start_new_session=True,
+            close_fds=True,
         )
     except OSError as exc:
         os.close(master)
@@ -424,7 +448,9 @@ def _spawn_pty(
 
     def resize(_signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
-            fcntl.ioctl(master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8))
+            fcntl.ioctl(
+                master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            )
 
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
