@@ -45,6 +45,9 @@ MAX_ENCODED_BODY = 16 * 1024 * 1024
 #: largest decoded size of such a body
 MAX_DECODED_BODY = 64 * 1024 * 1024
 _MAX_HEAD = 64 * 1024
+#: how much of a refused request's body is read and dropped to answer it cleanly
+_DRAIN_BYTES = 1024 * 1024
+_DRAIN_SECONDS = 5.0
 
 # TLS alerts a client sends when it does not accept the certificate it was shown.
 _CERT_REFUSALS = (
@@ -232,7 +235,7 @@ class InspectingTunnel:
         try:
             plan = self.layer.inspector.head(record, stream.sni, req.target, list(req.headers))
         except Refusal as refusal:
-            return await self._refuse(client, stream, record, refusal, drain=not _has_body(req))
+            return await self._refuse(client, stream, record, refusal, drain=True)
         if client.they_are_waiting_for_100_continue:
             await _send(client, stream, h11.InformationalResponse(status_code=100, headers=[]))
         try:
@@ -247,9 +250,14 @@ class InspectingTunnel:
                     upstream.close()
                     raise
             else:
+                # The head was the whole request; consume its end so the tunnel can
+                # take the next request on the same connection.
+                end = await _next(client, stream, self.layer.idle_timeout)
+                if not isinstance(end, h11.EndOfMessage):
+                    raise Refusal(400, Reason.BAD_REQUEST, "body on a request without length")
                 upstream, up = await self._send_request(plan, req, b"")
         except Refusal as refused:
-            return await self._refuse(client, stream, record, refused, drain=False)
+            return await self._refuse(client, stream, record, refused, drain=True)
         except _UpstreamError as exc:
             failed = Refusal(502, Reason.UPSTREAM_FAILED, str(exc))
             return await self._refuse(client, stream, record, failed, drain=False)
@@ -431,14 +439,7 @@ class InspectingTunnel:
         record.status = refusal.status
         keep = False
         if drain and client.their_state is h11.SEND_BODY:
-            # A refused request without a body can keep the connection (its end is
-            # already parsed); one with a body is not read (it is not wanted), so the
-            # connection closes after the answer.
-            try:
-                event = await _next(client, stream, 1.0)
-                keep = isinstance(event, h11.EndOfMessage)
-            except (TimeoutError, OSError, ssl.SSLError, h11.ProtocolError):
-                keep = False
+            keep = await self._drain(client, stream)
         if client.our_state is h11.SEND_RESPONSE:
             body = f"stockade: {refusal.reason}: {refusal.detail}\n".encode("utf-8", "replace")
             headers = [
@@ -460,6 +461,29 @@ class InspectingTunnel:
             keep = False
         self._emit(Decision.deny(LAYER, refusal.reason, record.rule, refusal.detail), record)
         return keep
+
+    async def _drain(self, client: h11.Connection, stream: TLSStream) -> bool:
+        """Read and drop the rest of a refused request's body, up to a cap.
+
+        A client writes its body before it reads the answer; closing on it mid-body
+        would turn a clear 403 into a connection reset. Past the cap (or a client that
+        waits for ``100 Continue``) the connection is closed after the answer instead.
+        """
+        if client.they_are_waiting_for_100_continue:
+            return False
+        dropped = 0
+        try:
+            async with asyncio.timeout(_DRAIN_SECONDS):
+                while dropped <= _DRAIN_BYTES:
+                    event = await _next(client, stream, _DRAIN_SECONDS)
+                    if isinstance(event, h11.EndOfMessage):
+                        return True
+                    if not isinstance(event, h11.Data):
+                        return False
+                    dropped += len(event.data)
+        except (TimeoutError, OSError, ssl.SSLError, h11.ProtocolError):
+            return False
+        return False
 
     def _emit(self, decision: Decision, record: RequestRecord) -> None:
         fields = record.fields()
