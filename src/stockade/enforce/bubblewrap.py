@@ -105,6 +105,7 @@ def build_argv(
     info_fd: int | None = None,
     block_fd: int | None = None,
     seccomp_fd: int | None = None,
+    status_fd: int | None = None,
 ) -> list[str]:
     """Return the full bubblewrap argv that runs ``command`` under ``plan``.
 
@@ -115,7 +116,8 @@ def build_argv(
     if not plan.isolate:
         # Only a private network namespace: the container layer is off, but egress still
         # needs a namespace with nothing in it but loopback.
-        argv += ["--unshare-user", "--unshare-net", "--bind", "/", "/", "--dev-bind", "/dev", "/dev"]
+        argv += ["--unshare-user", "--unshare-net", "--cap-drop", "ALL"]
+        argv += ["--bind", "/", "/", "--dev-bind", "/dev", "/dev"]
         argv += ["--proc", "/proc", "--die-with-parent"]
         for host, inside in plan.files:
             argv += ["--ro-bind", str(host), inside]
@@ -169,6 +171,8 @@ def build_argv(
         argv += ["--block-fd", str(block_fd)]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
     argv.append("--")
     argv += list(command)
     return argv

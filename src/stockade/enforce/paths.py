@@ -119,7 +119,9 @@ DENY_GLOB_BUDGET_S = 2.0
 
 
 def _is_within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+    # String prefixes, not Path.parents: this runs thousands of times per start.
+    p, r = str(path), str(root)
+    return p == r or p.startswith(r if r.endswith("/") else r + "/")
 
 
 def secret_paths(home: Path) -> tuple[Path, ...]:
@@ -167,10 +169,10 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             continue  # a relative PATH entry would resolve inside the sandbox anyway
         try:
             real = Path(entry).resolve()
+            if not real.is_dir():
+                continue
         except (OSError, RuntimeError):
-            continue
-        if not real.is_dir():
-            continue
+            continue  # unreadable (another user's home) or a symlink loop: nothing to bind
         root = _toolchain_root(real)
         if root is not None:
             add(root)
@@ -178,6 +180,8 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             _is_within(real, Path(s)) for s in ("/usr", "/bin", "/sbin", "/opt")
         ):
             add(real)
+        if root is not None and root.name != "bin":
+            continue  # a whole toolchain installation is bound; its links point inside it
         if not _is_within(real, home):
             continue
         # Entries of a PATH directory under HOME may be symlinks into a tool's own
@@ -188,13 +192,16 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             names = []
         for name in names:
             link = real / name
-            if not link.is_symlink():
+            try:
+                if not link.is_symlink():
+                    continue
+            except OSError:
                 continue
             try:
                 target = link.resolve()
+                if not target.exists() or not _is_within(target, home):
+                    continue
             except (OSError, RuntimeError):
-                continue
-            if not target.exists() or not _is_within(target, home):
                 continue
             add(target.parent.parent if target.parent.name == "bin" else target)
     return tuple(out)

@@ -1,0 +1,204 @@
+"""Shared fixtures: a throw-away world (HOME with canaries, a workspace) and helpers.
+
+Kernel-dependent tests call :func:`require`: without the feature they skip with a
+reason, but under ``STOCKADE_MUST_WORK=1`` (set by ``.ci/run``) a missing feature fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MUST_WORK = os.environ.get("STOCKADE_MUST_WORK") == "1"
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skip (or, under STOCKADE_MUST_WORK=1, fail) when a needed feature is missing."""
+    if ok:
+        return
+    if MUST_WORK:
+        pytest.fail(f"required feature missing under STOCKADE_MUST_WORK=1: {reason}")
+    pytest.skip(reason)
+
+
+def bwrap_works() -> bool:
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        return False
+    proc = subprocess.run(
+        [
+            bwrap,
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--disable-userns",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--",
+            "/bin/true",
+        ],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def kernel() -> None:
+    """Require bubblewrap with user namespaces."""
+    require(bwrap_works(), "bubblewrap with unprivileged user namespaces is not available")
+
+
+@dataclass
+class World:
+    """A temporary HOME with canary secrets, a workspace and the environment to use."""
+
+    root: Path
+    home: Path
+    workspace: Path
+    canary: str
+    env: dict[str, str]
+
+    def stockade(
+        self,
+        *args: str,
+        timeout: float = 60,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the stockade CLI in this world (cwd = workspace)."""
+        return subprocess.run(
+            [sys.executable, "-m", "stockade", *args],
+            cwd=cwd or self.workspace,
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+SECRET_FILES = (
+    ".ssh/id_ed25519",
+    ".aws/credentials",
+    ".npmrc",
+    ".netrc",
+    ".config/gh/hosts.yml",
+    ".git-credentials",
+    ".docker/config.json",
+    ".kube/config",
+)
+SECRET_ENV = ("GH_TOKEN", "NPM_TOKEN", "AWS_SECRET_ACCESS_KEY", "ANTHROPIC_API_KEY", "DATABASE_URL")
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    """F-CANARY of attacks.md: canary secrets in a fake HOME and in the environment.
+
+    It lives in its own directory under /tmp (pytest's tmp_path is 0700 root's), so that
+    the same world also serves the tests that run stockade as uid 65534.
+    """
+    root = Path(tempfile.mkdtemp(prefix="stockade-world-"))
+    os.chmod(root, 0o755)
+    home = root / "home"
+    canary = f"CANARY-{uuid.uuid4()}"
+    for rel in SECRET_FILES:
+        path = home / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"secret {canary}\n")
+    (home / ".bashrc").write_text("# bashrc\n")
+    workspace = root / "ws"
+    workspace.mkdir()
+    (workspace / "README").write_text("workspace file\n")
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env.update(
+        HOME=str(home),
+        XDG_STATE_HOME=str(root / "state"),
+        XDG_CONFIG_HOME=str(root / "config"),
+        XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")),
+    )
+    for name in SECRET_ENV:
+        env[name] = canary
+    try:
+        yield World(root, home, workspace, canary, env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+NOBODY = 65534
+
+
+def _nobody_python() -> str | None:
+    """A Python >= 3.11 that uid 65534 can execute (the venv's may live under /root)."""
+    for cand in (
+        sys.executable,
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+        shutil.which("python3") or "",
+    ):
+        if not cand:
+            continue
+        proc = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={NOBODY}",
+                f"--regid={NOBODY}",
+                "--clear-groups",
+                cand,
+                "-c",
+                "import sys; sys.exit(sys.version_info < (3, 11))",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        if proc.returncode == 0:
+            return cand
+    return None
+
+
+def as_nobody(world: World, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the stockade CLI as uid 65534 in ``world`` (which is chowned to it first)."""
+    if os.getuid() != 0:
+        return world.stockade(*args, timeout=timeout)
+    python = _nobody_python()
+    require(
+        python is not None and shutil.which("setpriv") is not None,
+        "no Python >= 3.11 executable by uid 65534, or no setpriv",
+    )
+    assert python is not None
+    import sysconfig
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    site = sysconfig.get_paths()["purelib"]
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(world.root)], check=True)
+    env = dict(world.env, PYTHONPATH=f"{src}:{site}", XDG_CACHE_HOME=str(world.root / "cache"))
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            python,
+            "-m",
+            "stockade",
+            *args,
+        ],
+        cwd=world.workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
