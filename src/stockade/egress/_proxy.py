@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 
@@ -34,7 +34,7 @@ from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, par
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
 
-__all__ = ["AuditCallback", "EgressProxy", "Resolver"]
+__all__ = ["AuditCallback", "EgressProxy", "Interceptor", "Resolver"]
 
 logger = logging.getLogger("stockade.egress")
 
@@ -42,6 +42,21 @@ logger = logging.getLogger("stockade.egress")
 AuditCallback = Callable[[Decision, dict[str, Any]], None]
 #: Resolves a normalised name to addresses (the default uses ``loop.getaddrinfo``).
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
+
+
+class Interceptor(Protocol):
+    """The inspect layer as the proxy sees it (:class:`stockade.egress.inspect.InspectLayer`)."""
+
+    def inspects(self, host: str, port: int) -> bool:
+        """True when tunnels to ``host:port`` are intercepted instead of relayed."""
+        ...
+
+    async def serve(
+        self, sock: socket.socket, host: str, port: int, address: str, initial: bytes
+    ) -> object:
+        """Serve an accepted, SNI-checked tunnel until it closes (closes ``sock``)."""
+        ...
+
 
 _READ = 64 * 1024
 _UPSTREAM_READ = 256 * 1024
@@ -148,8 +163,11 @@ class EgressProxy:
         idle_timeout: float = 120.0,
         max_connections: int = 4096,
         relay_buffer: int = RELAY_BUFFER,
+        inspect: Interceptor | None = None,
     ) -> None:
         self.rules = rules
+        #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
+        self.inspect = inspect
         self._audit = audit
         self._resolver = resolver
         self.handshake_timeout = handshake_timeout
@@ -397,12 +415,26 @@ class EgressProxy:
             await refuse(record.decision)
             return
         accepted = False
+        inspected = self.inspect is not None and self.inspect.inspects(record.host, port)
+        if inspected and not self.rules.is_tls_port(port):
+            # An opaque tunnel would carry what the inspect layer must see; fail closed.
+            record.decision = _deny(
+                Reason.UNSUPPORTED_PROTOCOL, f"{record.host} is inspected: only TLS ports reach it"
+            )
+            await refuse(record.decision)
+            return
         if self.rules.is_tls_port(port):
             # The ClientHello only comes after the client hears the tunnel is open; the
             # upstream is dialled only once its SNI has been checked.
             await accept()
             accepted = True
             if not await self._check_client_hello(client, record):
+                return
+            if inspected and self.inspect is not None:
+                record.extra["inspected"] = True
+                first = bytes(client.buffer)
+                client.buffer.clear()
+                await self.inspect.serve(client.sock, record.host, port, str(address), first)
                 return
         try:
             upstream = await self._dial(address, port)
@@ -619,6 +651,16 @@ class EgressProxy:
         # The path without the query: queries often carry tokens that must not be logged.
         record.extra["path"] = _printable(target.path.split(b"?", 1)[0].decode("latin-1"), 256)
         address = await self._vet(target.host, target.port, record)
+        if (
+            address is not None
+            and self.inspect is not None
+            and self.inspect.inspects(record.host, target.port)
+        ):
+            # Plain HTTP to an inspected host would bypass its rules and binding.
+            record.decision = _deny(
+                Reason.UNSUPPORTED_PROTOCOL, f"{record.host} is inspected: use https://"
+            )
+            address = None
         if address is None:
             assert record.decision is not None
             status = _STATUS.get(record.decision.reason, 403)

@@ -49,6 +49,8 @@ class Reason(enum.StrEnum):
     SECRET_WRONG_HOST = "secret-wrong-host"  # noqa: S105 - a reason, not a secret
     LABELLED_DATA = "labelled-data"
     BODY_TOO_LARGE = "body-too-large"
+    UNSCANNABLE_BODY = "unscannable-body"
+    CLIENT_REFUSED_CERT = "client-refused-cert"
     # files / container / syscalls / secrets / limits
     PATH_NOT_GRANTED = "path-not-granted"
     PATH_PROTECTED = "path-protected"

@@ -24,15 +24,18 @@ from stockade._exceptions import PolicyError
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
     LAYERS,
+    BoundSecret,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
+    Labels,
     LayersPolicy,
     LimitsPolicy,
     NetworkPolicy,
     Policy,
+    RequestRule,
 )
-from stockade.policy._schema import SCHEMA, TOP_LEVEL
+from stockade.policy._schema import NAMED_TABLES, SCHEMA, TOP_LEVEL
 from stockade.policy._units import parse_size
 
 WORKSPACE_POLICY = "stockade.toml"
@@ -170,6 +173,8 @@ class _Validator:
             if not isinstance(value, dict):
                 raise self.fail(name, value, f"expected a table; write [{name}]")
             for key, sub in value.items():
+                if name in NAMED_TABLES:
+                    continue  # [secrets.NAME]: each table is checked by its own validator
                 if key not in SCHEMA[name]:
                     known = ", ".join(SCHEMA[name])
                     raise self.fail(f"{name}.{key}", sub, f"unknown key; [{name}] takes {known}")
@@ -385,6 +390,9 @@ def _build(
         if port > 65535:
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
 
+    # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
+    rules, upstream_ca, secrets, labels = _inspect_block(raw, v, allow, cwd)
+
     # --- limits -----------------------------------------------------------------
     d = LimitsPolicy()
     limits = LimitsPolicy(
@@ -406,9 +414,11 @@ def _build(
     policy = Policy(
         filesystem=FilesystemPolicy(workspace, read, write, deny, protect),
         env=EnvPolicy(tuple(passes), env_set),
-        network=NetworkPolicy(allow, ndeny, hosts, tls_ports),
+        network=NetworkPolicy(allow, ndeny, hosts, tls_ports, rules, upstream_ca),
         limits=limits,
         layers=layers,
+        secrets=secrets,
+        labels=labels,
         sources=(source,),
         notes=tuple(notes),
     )
@@ -459,6 +469,7 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
     for layer in LAYERS:
         if getattr(base.layers, layer) and not getattr(ws.layers, layer):
             raise v.fail(f"layers.{layer}", False, _WIDEN_FIX)
+    rules, labels = _tighten_inspect(base, ws, raw, v)
     lb, lw = base.limits, ws.limits
     raw_limits = raw.get("limits", {})
     limits = LimitsPolicy(
@@ -485,11 +496,15 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
             deny=base.network.deny + ws.network.deny,
             hosts=ws.network.hosts if "hosts" in raw.get("network", {}) else base.network.hosts,
             tls_ports=tuple(sorted(set(base.network.tls_ports) | set(ws.network.tls_ports))),
+            rules=rules,
+            upstream_ca=base.network.upstream_ca,
         ),
         limits=limits,
         layers=LayersPolicy(
             **{name: getattr(base.layers, name) or getattr(ws.layers, name) for name in LAYERS}
         ),
+        secrets=base.secrets,
+        labels=labels,
         sources=base.sources + ws.sources,
         notes=base.notes + ws.notes,
     )
@@ -499,3 +514,238 @@ _WIDEN_FIX = (
     "a policy inside the workspace can only tighten the user policy (the sandbox can write "
     "it); add this to ~/.config/stockade/policy.toml or pass the file with --policy"
 )
+
+
+# --- inspect: [[network.rules]], network.tls, [secrets.NAME], [labels] -----------------
+
+_RULE_KEYS = ("host", "methods", "paths", "action")
+_RULE_ACTIONS = ("allow", "deny", "report")
+_METHOD = re.compile(r"^[A-Z][A-Z0-9-]{0,31}$")
+_HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+# Headers that frame or route a request; a credential placed there would break it.
+_NOT_CREDENTIAL_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "te",
+        "upgrade",
+        "expect",
+        "proxy-authorization",
+        "cookie",
+        "content-type",
+        "content-encoding",
+    }
+)
+
+
+def _split_host_port(text: str) -> tuple[str, int | None]:
+    """``host[:port]`` (``[v6]:port`` too), lower-cased, one trailing dot dropped."""
+    host, port = text.strip().lower(), None
+    if host.startswith("["):
+        end = host.find("]")
+        rest = host[end + 1 :]
+        host = host[1:end]
+        if rest.startswith(":") and rest[1:].isdigit():
+            port = int(rest[1:])
+    elif host.count(":") == 1:
+        name, _, digits = host.partition(":")
+        if digits.isdigit():
+            host, port = name, int(digits)
+    return host.removesuffix("."), port
+
+
+def _host_covered(pattern: str, allow: tuple[str, ...]) -> bool:
+    """True when every host ``pattern`` names is reachable under some ``network.allow`` entry."""
+    host, port = _split_host_port(pattern)
+    for entry in allow:
+        a_host, a_port = _split_host_port(entry)
+        if a_port is not None and port != a_port:
+            continue
+        if host == a_host:
+            return True
+        if a_host.startswith("*.") and host.removeprefix("*.").endswith("." + a_host[2:]):
+            return True
+        if a_host.startswith("*.") and host.startswith("*.") and host[2:] == a_host[2:]:
+            return True
+    return False
+
+
+def _check_path_glob(glob: str) -> str | None:
+    """Why ``glob`` is not a usable path glob, or None when it is."""
+    if not glob.startswith("/"):
+        return 'a path glob starts with "/", e.g. "/v1/messages" or "/**"'
+    if "***" in glob:
+        return 'use "*" (within one segment) or "**" (any segments), not "***"'
+    if any(c in glob for c in "?#\\%") or any(ord(c) <= 0x20 or ord(c) > 0x7E for c in glob):
+        return "a path glob holds a plain normalised path: no ?, #, backslash, % or spaces"
+    if any(seg in (".", "..") for seg in glob.split("/")):
+        return "dot segments never match: requests with them are refused before the rules"
+    return None
+
+
+def _inspect_block(
+    raw: Mapping[str, Any], v: _Validator, allow: tuple[str, ...], cwd: Path
+) -> tuple[tuple[RequestRule, ...], Path | None, tuple[BoundSecret, ...], Labels]:
+    """Validate ``network.rules``, ``network.tls``, ``[secrets.NAME]`` and ``[labels]``."""
+    net = raw.get("network", {})
+    not_allowed = "network.allow does not allow this host; add it there or fix the rule"
+
+    raw_rules = net.get("rules", [])
+    if not isinstance(raw_rules, list):
+        raise v.fail("network.rules", raw_rules, "expected [[network.rules]] tables")
+    rules: list[RequestRule] = []
+    for i, item in enumerate(raw_rules):
+        key = f"network.rules[{i}]"
+        if not isinstance(item, dict):
+            raise v.fail(key, item, "expected a table with host, methods, paths, action")
+        extra = sorted(set(item) - set(_RULE_KEYS))
+        if extra:
+            raise v.fail(
+                f"{key}.{extra[0]}",
+                item[extra[0]],
+                f"unknown key; a rule takes {', '.join(_RULE_KEYS)}",
+            )
+        host = item.get("host")
+        if not isinstance(host, str) or not host:
+            raise v.fail(
+                f"{key}.host",
+                host,
+                'expected a host pattern as in network.allow, e.g. "registry.npmjs.org"',
+            )
+        _check_host_pattern(host, f"{key}.host", v.source)
+        if not _host_covered(host, allow):
+            raise v.fail(f"{key}.host", host, not_allowed)
+        methods = tuple(m.upper() for m in v.strs(f"{key}.methods", item.get("methods", [])))
+        for j, m in enumerate(methods):
+            if not _METHOD.match(m):
+                raise v.fail(f"{key}.methods[{j}]", m, 'expected an HTTP method such as "GET"')
+        paths = v.strs(f"{key}.paths", item.get("paths", ["/**"]))
+        if not paths:
+            raise v.fail(
+                f"{key}.paths", [], 'an empty list matches nothing; write ["/**"] for every path'
+            )
+        for j, glob in enumerate(paths):
+            problem = _check_path_glob(glob)
+            if problem:
+                raise v.fail(f"{key}.paths[{j}]", glob, problem)
+        action = item.get("action", "allow")
+        if action not in _RULE_ACTIONS:
+            raise v.fail(f"{key}.action", action, "expected allow, deny or report")
+        rules.append(RequestRule(host, methods, paths, action, i))
+
+    tls = net.get("tls", {})
+    if not isinstance(tls, dict):
+        raise v.fail("network.tls", tls, 'expected a table, e.g. { upstream_ca = "ca.pem" }')
+    for name in tls:
+        if name != "upstream_ca":
+            raise v.fail(
+                f"network.tls.{name}", tls[name], "unknown key; network.tls takes upstream_ca"
+            )
+    upstream_ca: Path | None = None
+    if "upstream_ca" in tls:
+        if not isinstance(tls["upstream_ca"], str):
+            raise v.fail(
+                "network.tls.upstream_ca", tls["upstream_ca"], "expected a path to a PEM file"
+            )
+        upstream_ca = _resolve(tls["upstream_ca"], cwd)
+        if not upstream_ca.is_file():
+            raise v.fail(
+                "network.tls.upstream_ca", tls["upstream_ca"], "no such file; give a PEM CA file"
+            )
+
+    secrets: list[BoundSecret] = []
+    for name, table in raw.get("secrets", {}).items():
+        key = f"secrets.{name}"
+        if not _ENV_NAME.match(name):
+            raise v.fail(
+                key, name, "a secret is named like the variable the sandbox sees; use A-Z, 0-9, _"
+            )
+        if not isinstance(table, dict):
+            raise v.fail(key, table, f"expected a table: [{key}] with from, hosts, header")
+        extra = sorted(set(table) - set(SCHEMA["secrets"]))
+        if extra:
+            raise v.fail(
+                f"{key}.{extra[0]}",
+                table[extra[0]],
+                "unknown key; a secret takes from, hosts, header",
+            )
+        source = table.get("from")
+        if not isinstance(source, str) or not source.startswith(("env:", "file:")):
+            raise v.fail(f"{key}.from", source, 'expected "env:VARIABLE" or "file:PATH"')
+        kind, _, ref = source.partition(":")
+        if kind == "env" and not _ENV_NAME.match(ref):
+            raise v.fail(f"{key}.from", source, "not a valid environment variable name after env:")
+        if kind == "file":
+            if not ref.startswith(("/", "~")):
+                raise v.fail(
+                    f"{key}.from", source, 'give an absolute or ~ path, e.g. "file:~/.config/key"'
+                )
+            source = "file:" + str(_resolve(ref, cwd))
+        hosts = v.strs(f"{key}.hosts", table.get("hosts", []))
+        if not hosts:
+            raise v.fail(f"{key}.hosts", [], "list the hosts the secret may be sent to")
+        for j, host in enumerate(hosts):
+            _check_host_pattern(host, f"{key}.hosts[{j}]", v.source)
+            if not _host_covered(host, allow):
+                raise v.fail(f"{key}.hosts[{j}]", host, not_allowed)
+        header = table.get("header", "authorization")
+        if not isinstance(header, str) or not _HEADER_NAME.match(header.lower()):
+            raise v.fail(f"{key}.header", header, 'expected a header name such as "x-api-key"')
+        if header.lower() in _NOT_CREDENTIAL_HEADERS:
+            raise v.fail(
+                f"{key}.header",
+                header,
+                'cannot carry a credential; use "authorization" or "x-api-key"',
+            )
+        secrets.append(BoundSecret(name, source, hosts, header.lower()))
+
+    lab = raw.get("labels", {})
+    secret_files = tuple(
+        os.path.expanduser(g) for g in v.strs("labels.secret_files", lab.get("secret_files", []))
+    )
+    secret_env = v.strs("labels.secret_env", lab.get("secret_env", []))
+    for i, name in enumerate(secret_env):
+        if not _ENV_NAME.match(name):
+            raise v.fail(f"labels.secret_env[{i}]", name, "not a valid environment variable name")
+    canaries = v.strs("labels.canaries", lab.get("canaries", []))
+    for i, token in enumerate(canaries):
+        if len(token) < 8:
+            raise v.fail(
+                f"labels.canaries[{i}]",
+                token,
+                "shorter than 8 characters: it would match ordinary text",
+            )
+    return tuple(rules), upstream_ca, tuple(secrets), Labels(secret_files, secret_env, canaries)
+
+
+def _tighten_inspect(
+    base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator
+) -> tuple[tuple[RequestRule, ...], Labels]:
+    """A workspace policy may add deny rules and labels; never secrets, a CA or allow rules."""
+    if ws.secrets:
+        raise v.fail(
+            "secrets",
+            ws.secrets[0].name,
+            "a workspace policy cannot bind secrets (it could send your credential where it "
+            "likes); " + _WIDEN_FIX,
+        )
+    if "tls" in raw.get("network", {}):
+        raise v.fail("network.tls", raw["network"]["tls"], _WIDEN_FIX)
+    widening = [r for r in ws.network.rules if r.action != "deny"]
+    if base.network.rules and widening:
+        # Appended after the user's rules, an allow could match what the user's rules
+        # left unmatched (denied); only deny rules are safe to add.
+        raise v.fail(f"network.rules[{widening[0].index}].action", widening[0].action, _WIDEN_FIX)
+    ordered = [r for r in ws.network.rules if r.action == "deny"] + list(base.network.rules)
+    ordered += [r for r in ws.network.rules if r.action != "deny"]
+    rules = tuple(replace(r, index=i) for i, r in enumerate(ordered))
+    b, w = base.labels, ws.labels
+    labels = Labels(
+        b.secret_files + w.secret_files, b.secret_env + w.secret_env, b.canaries + w.canaries
+    )
+    return rules, labels
+
+
+# --- end inspect ------------------------------------------------------------------------

@@ -55,6 +55,67 @@ class EnvPolicy:
     set: Mapping[str, str] = field(default_factory=dict)
 
 
+# --- inspect: request rules, bound secrets, labels ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRule:
+    """One ``[[network.rules]]`` entry: what an inspected request to ``host`` may do.
+
+    ``methods`` empty means any method; ``paths`` are globs on the normalised path
+    (``*`` = within one segment, ``**`` = any number of segments).
+    """
+
+    host: str
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ("/**",)
+    #: "allow", "deny" or "report" (let through, logged as what would have been denied)
+    action: str = "allow"
+    #: position in ``network.rules``; names the rule in audit events
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        """The rule's name in audit events: ``network.rules[N]``."""
+        return f"network.rules[{self.index}]"
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSecret:
+    """``[secrets.NAME]``: a credential the sandbox sees only as a placeholder.
+
+    The value is read by the proxy (outside the sandbox) from ``source`` and sent only
+    to ``hosts``, in ``header``, over verified TLS. The policy never holds the value.
+    """
+
+    name: str
+    #: "env:VARIABLE" or "file:/absolute/path"
+    source: str
+    hosts: tuple[str, ...]
+    #: the header that carries it; "authorization" means ``Bearer <value>``
+    header: str = "authorization"
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """``[labels]``: data that must never leave through an inspected request."""
+
+    #: globs: absolute, ``~``-relative, or relative to the workspace
+    secret_files: tuple[str, ...] = ()
+    #: names of the caller's environment variables whose values are labelled
+    secret_env: tuple[str, ...] = ()
+    #: literal canary tokens
+    canaries: tuple[str, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        """True when any label is set (then every TLS host is inspected)."""
+        return bool(self.secret_files or self.secret_env or self.canaries)
+
+
+# --- end inspect ----------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkPolicy:
     """``[network]``: where the sandbox may connect, through the stockade proxy."""
@@ -65,6 +126,10 @@ class NetworkPolicy:
     hosts: Mapping[str, str] = field(default_factory=dict)
     #: ports on which a CONNECT tunnel must carry TLS with a matching SNI
     tls_ports: tuple[int, ...] = (443,)
+    #: request rules for inspected hosts, in file order (first match wins)
+    rules: tuple[RequestRule, ...] = ()
+    #: CA file that upstream TLS is verified against instead of the system roots
+    upstream_ca: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +176,10 @@ class Policy:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     limits: LimitsPolicy = field(default_factory=LimitsPolicy)
     layers: LayersPolicy = field(default_factory=LayersPolicy)
+    #: credentials bound to their hosts (``[secrets.NAME]``)
+    secrets: tuple[BoundSecret, ...] = ()
+    #: labelled data (``[labels]``)
+    labels: Labels = field(default_factory=Labels)
     #: where each part came from, most general first ("built-in", a user file, ...)
     sources: tuple[str, ...] = ("built-in",)
     #: notes found while loading (paths whose real location differs from their spelling)
@@ -155,6 +224,30 @@ class Policy:
             "limits": asdict(self.limits),
             "layers": asdict(self.layers),
         }
+        # inspect: rules, upstream CA, bound secrets (never their values), labels
+        if self.network.rules:
+            data["network"]["rules"] = [
+                {
+                    "host": r.host,
+                    "methods": list(r.methods),
+                    "paths": list(r.paths),
+                    "action": r.action,
+                }
+                for r in self.network.rules
+            ]
+        if self.network.upstream_ca is not None:
+            data["network"]["tls"] = {"upstream_ca": str(self.network.upstream_ca)}
+        if self.secrets:
+            data["secrets"] = {
+                s.name: {"from": s.source, "hosts": list(s.hosts), "header": s.header}
+                for s in self.secrets
+            }
+        if self.labels.configured:
+            data["labels"] = {
+                "secret_files": list(self.labels.secret_files),
+                "secret_env": list(self.labels.secret_env),
+                "canaries": list(self.labels.canaries),
+            }
         return data
 
     def digest(self) -> str:

@@ -56,6 +56,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "tls_ports": Key(
             "ports", "[443]", "ports on which a tunnel must carry TLS whose SNI matches"
         ),
+        # --- inspect ---
+        "rules": Key(
+            "rules",
+            "[]",
+            "[[network.rules]] host, methods, paths (globs on the normalised path), "
+            "action = allow | deny | report; first match in file order wins; a host with "
+            "rules denies requests matching none",
+        ),
+        "tls": Key("tls", "{}", "{ upstream_ca = PATH }: verify upstream TLS against this CA file"),
+        # --- end inspect ---
     },
     "limits": {
         "pids": Key("count", "512", "most processes and threads at once"),
@@ -64,6 +74,28 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "cpu_seconds": Key("count", "0", "CPU time cap per process; 0 = unlimited"),
         "wall_seconds": Key("seconds", "0", "wall-time cap for the whole run; 0 = unlimited"),
     },
+    # --- inspect: [secrets.NAME] tables take these keys; [labels] ---
+    "secrets": {
+        "from": Key(
+            "secret_source",
+            '"env:NAME"',
+            '[secrets.NAME] where the value is read: "env:VAR" or "file:PATH"',
+        ),
+        "hosts": Key(
+            "strs", "[]", "[secrets.NAME] the only hosts the value is sent to (in network.allow)"
+        ),
+        "header": Key(
+            "header", '"authorization"', '[secrets.NAME] "x-api-key", or "authorization" (Bearer)'
+        ),
+    },
+    "labels": {
+        "secret_files": Key(
+            "globs", "[]", "files whose values never leave (KEY=VALUE lines: VALUE)"
+        ),
+        "secret_env": Key("strs", "[]", "variables of the caller whose values never leave"),
+        "canaries": Key("strs", "[]", "canary tokens that never leave"),
+    },
+    # --- end inspect ---
     "layers": {
         name: Key("bool", "true", help_)
         for name, help_ in (
@@ -77,6 +109,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         )
     },
 }
+
+#: sections made of named tables (``[secrets.NAME]``), each taking the section's keys
+NAMED_TABLES: frozenset[str] = frozenset({"secrets"})
 
 TOP_LEVEL: dict[str, Key] = {
     "version": Key("version", "1", "schema version; must be 1"),

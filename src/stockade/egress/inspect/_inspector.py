@@ -1,0 +1,263 @@
+"""The sans-IO core: what to do with one inspected request, given only values.
+
+:meth:`Inspector.head` takes the tunnel's host and port, the SNI, the method, target and
+headers of a request and applies, in order: agreement (authority = SNI = Host), framing,
+the target check, the rules, the credential binding, the label and wrong-host scan of
+URL and headers. It returns a :class:`RequestPlan` (what to forward, what to scan the
+body for, what to redact in the response) or raises :class:`~._http.Refusal`.
+The asyncio shell (:mod:`._tunnel`) only moves bytes according to the plan.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stockade.egress.inspect._http import (
+    Headers,
+    Refusal,
+    Target,
+    authority_agrees,
+    check_framing,
+    end_to_end,
+    header_values,
+    normalise_target,
+    split_authority,
+)
+from stockade.egress.inspect._rules import RuleSet
+from stockade.egress.inspect._secrets import (
+    Pattern,
+    SecretStore,
+    bind_credentials,
+    dedupe,
+    find_first,
+    label_patterns,
+    scan_target,
+)
+from stockade.policy import Decision, Policy, Reason
+
+#: methods refused on inspected hosts: TRACE/TRACK echo the request (and an injected
+#: credential) back; CONNECT inside a tunnel would open an unexamined one
+REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT"})
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What is known about a request so far; becomes its ``net_request`` event."""
+
+    method: str = ""
+    host: str = ""
+    port: int = 0
+    path: str = ""
+    rule: str = ""
+    sni: str | None = None
+    status: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    secrets: list[str] = field(default_factory=list)
+    label: str = ""
+    detail: str = ""
+
+    def fields(self) -> dict[str, object]:
+        """The event fields (never a secret or label value)."""
+        out: dict[str, object] = {
+            "method": self.method,
+            "host": self.host,
+            "port": self.port,
+            "path": self.path,
+            "status": self.status,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+        }
+        if self.sni is not None:
+            out["sni"] = self.sni
+        if self.secrets:
+            out["secrets"] = list(self.secrets)
+        if self.label:
+            out["label"] = self.label
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    """How to forward a request that passed the checks on its head."""
+
+    decision: Decision
+    target: Target
+    headers: list[tuple[bytes, bytes]]
+    #: patterns the body is scanned for (labels, foreign secrets)
+    scan: tuple[Pattern, ...]
+    #: real value -> placeholder, applied to the response
+    redact: Mapping[bytes, bytes]
+    #: "gzip" or "deflate" when the body must be decoded to be scanned
+    encoding: str | None
+    chunked: bool
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class Inspector:
+    """Rules, bound secrets and labels of one policy, applied to request heads."""
+
+    def __init__(
+        self,
+        rules: RuleSet | None = None,
+        secrets: SecretStore | None = None,
+        labels: Sequence[Pattern] = (),
+        *,
+        labels_configured: bool | None = None,
+    ) -> None:
+        self.rules = rules or RuleSet(())
+        self.secrets = secrets or SecretStore()
+        self.labels = tuple(labels)
+        self.labels_configured = bool(labels) if labels_configured is None else labels_configured
+        self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: Policy,
+        environ: Mapping[str, str] | None = None,
+        *,
+        secrets: SecretStore | None = None,
+    ) -> Inspector:
+        """Build from a policy, reading secret values and labelled data (host side).
+
+        Pass ``secrets`` when the store was resolved earlier (its placeholders are
+        already in the sandbox's environment).
+        """
+        store = secrets if secrets is not None else SecretStore.resolve(policy.secrets, environ)
+        labels = label_patterns(policy.labels, Path(policy.filesystem.workspace), environ)
+        return cls(
+            RuleSet(policy.network.rules),
+            store,
+            labels,
+            labels_configured=policy.labels.configured,
+        )
+
+    def inspects(self, host: str, port: int) -> bool:
+        """True when a TLS tunnel to ``host:port`` is intercepted rather than relayed.
+
+        A host is inspected when a rule names it, a secret is bound to it, or labels are
+        configured (then every TLS host is, since labelled data may go anywhere).
+        """
+        return (
+            self.labels_configured
+            or self.rules.ruled(host, port)
+            or bool(self.secrets.bound(host, port))
+        )
+
+    def patterns(self, host: str, port: int) -> tuple[Pattern, ...]:
+        """What requests to ``host:port`` are scanned for."""
+        key = (host, port)
+        cached = self._patterns.get(key)
+        if cached is None:
+            cached = tuple(dedupe([*self.secrets.foreign_patterns(host, port), *self.labels]))
+            self._patterns[key] = cached
+        return cached
+
+    def head(
+        self,
+        record: RequestRecord,
+        sni: str | None,
+        target: bytes,
+        headers: Headers,
+    ) -> RequestPlan:
+        """Check a request head (``record`` has method, host, port) and plan it.
+
+        ``record`` is filled in as checks pass (normalised path, rule, secrets, label),
+        so the event of a refused request says as much as was learnt.
+        """
+        host, port, method = record.host, record.port, record.method
+        # 1. agreement: CONNECT authority = SNI = Host
+        if sni is None:
+            if not _is_ip(host):
+                raise Refusal(421, Reason.SNI_MISMATCH, "the TLS ClientHello named no server")
+        else:
+            try:
+                sni_host, _ = split_authority(sni)
+            except ValueError:
+                sni_host = ""
+            if sni_host != host:
+                raise Refusal(421, Reason.SNI_MISMATCH, f"SNI {sni[:80]!r} is not {host}")
+        check_framing(headers)
+        host_header = header_values(headers, b"host")[0].decode("latin-1")
+        if not authority_agrees(host_header, host, port):
+            raise Refusal(421, Reason.HOST_MISMATCH, f"Host {host_header[:80]!r} is not {host}")
+        # 2. the target, normalised once
+        norm = normalise_target(target, host, port)
+        record.path = norm.path
+        if method in REFUSED_METHODS:
+            raise Refusal(405, Reason.BAD_REQUEST, f"{method} is not forwarded")
+        # 3. rules
+        decision = self.rules.decide(host, port, method, norm.path)
+        record.rule = decision.rule
+        if not decision.allowed:
+            raise Refusal(403, decision.reason, decision.detail)
+        # 4. secrets: none headed to the wrong host; only bound placeholders on bound hosts
+        scan = self.patterns(host, port)
+        secret_scan = [p for p in scan if p.kind == "secret"]
+        label_scan = [p for p in scan if p.kind == "label"]
+        for patterns in (secret_scan, label_scan):
+            found = scan_target(target, patterns) or _scan_headers(headers, patterns)
+            if found is not None:
+                record.label = found.label
+                raise Refusal(403, found.reason, f"{found.label} in the request head")
+        bound = self.secrets.bound(host, port)
+        out = list(headers)
+        redact: dict[bytes, bytes] = {}
+        if bound:
+            out, injected = bind_credentials(out, norm.query, bound)
+            record.secrets = injected
+            redact = self.secrets.redactions(host, port)
+        # 5. body framing and encoding (labels in the body are scanned while streaming)
+        chunked = bool(header_values(headers, b"transfer-encoding"))
+        encoding = _content_encoding(headers, needed=bool(scan))
+        forwarded = end_to_end(out, drop=(b"host",))
+        forwarded.insert(0, (b"host", header_values(headers, b"host")[0]))
+        if chunked:
+            forwarded.append((b"transfer-encoding", b"chunked"))
+        if redact:
+            # An echoed credential must be readable to be redacted: ask for no compression.
+            forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
+            forwarded.append((b"accept-encoding", b"identity"))
+        return RequestPlan(decision, norm, forwarded, scan, redact, encoding, chunked)
+
+
+def _scan_headers(headers: Headers, patterns: Sequence[Pattern]) -> Pattern | None:
+    if not patterns:
+        return None
+    blob = b"\n".join(n + b": " + v for n, v in headers)
+    return find_first(blob, patterns)
+
+
+def _content_encoding(headers: Headers, *, needed: bool) -> str | None:
+    values = [
+        t.strip().lower()
+        for v in header_values(headers, b"content-encoding")
+        for t in v.split(b",")
+        if t.strip()
+    ]
+    values = [v for v in values if v != b"identity"]
+    if not values:
+        return None
+    if not needed:
+        return None
+    if len(values) == 1 and values[0] in (b"gzip", b"x-gzip"):
+        return "gzip"
+    if len(values) == 1 and values[0] == b"deflate":
+        return "deflate"
+    raise Refusal(
+        415,
+        Reason.UNSCANNABLE_BODY,
+        f"Content-Encoding {b', '.join(values).decode('latin-1')[:60]} cannot be scanned; "
+        "send the body as identity, gzip or deflate",
+    )

@@ -1,0 +1,567 @@
+"""The asyncio shell: an intercepted CONNECT tunnel, served with h11 on both sides.
+
+:class:`InspectLayer` holds what every tunnel of one proxy shares (the CA's server
+contexts, the upstream pool, the :class:`~._inspector.Inspector`, the audit sink).
+:class:`InspectingTunnel` serves one tunnel: the proxy has accepted the CONNECT (and
+vetted the upstream address); the tunnel completes TLS with the client using a leaf for
+the CONNECT host, then for each request asks the inspector for a plan and moves bytes:
+the request head, the body streamed through the scanner (never buffered whole, except a
+gzip/deflate body, held up to a cap so it can be decoded and scanned before any of it
+leaves), then the response streamed back through the redactor.
+
+One ``net_request`` event is written per request; a tunnel whose TLS handshake fails
+gets one ``net_intercept`` event (a client that pins certificates ends here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+
+from stockade.audit import AuditLog
+from stockade.egress.inspect._ca import CertificateAuthority
+from stockade.egress.inspect._http import Refusal, end_to_end, header_values
+from stockade.egress.inspect._inspector import Inspector, RequestPlan, RequestRecord
+from stockade.egress.inspect._rules import LAYER
+from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer, StreamScanner
+from stockade.egress.inspect._tls import ServerContexts, TLSStream, UpstreamPool, upstream_context
+from stockade.policy import Decision, Policy, Reason
+
+logger = logging.getLogger("stockade.egress.inspect")
+
+#: called with each decision and its event fields (``event`` included) when no AuditLog
+AuditCallback = Callable[[Decision, dict[str, Any]], None]
+
+#: largest gzip/deflate request body held for scanning
+MAX_ENCODED_BODY = 16 * 1024 * 1024
+#: largest decoded size of such a body
+MAX_DECODED_BODY = 64 * 1024 * 1024
+_MAX_HEAD = 64 * 1024
+#: how much of a refused request's body is read and dropped to answer it cleanly
+_DRAIN_BYTES = 1024 * 1024
+_DRAIN_SECONDS = 5.0
+
+# TLS alerts a client sends when it does not accept the certificate it was shown.
+_CERT_REFUSALS = (
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "TLSV1_ALERT_ACCESS_DENIED",
+    "TLSV1_ALERT_DECRYPT_ERROR",
+)
+PINNING_MESSAGE = "client refused the interception certificate (pinning?)"
+
+
+class _UpstreamError(Exception):
+    """The upstream failed before a response could be relayed."""
+
+
+@dataclass(slots=True)
+class TunnelStats:
+    """What one tunnel did (for tests and the benchmark)."""
+
+    requests: int = 0
+    refused: int = 0
+    #: most request-body bytes held by the proxy at once (chunk plus held-back tail)
+    max_buffered: int = 0
+
+
+class InspectLayer:
+    """Everything the intercepted tunnels of one proxy share.
+
+    Args:
+        inspector: rules, secrets and labels of the policy.
+        ca: the interception CA (per user or per run).
+        audit: an :class:`~stockade.audit.AuditLog` or a callback ``(decision, fields)``.
+        upstream_ca: verify upstreams against this CA file instead of the system roots.
+    """
+
+    def __init__(
+        self,
+        inspector: Inspector,
+        ca: CertificateAuthority,
+        audit: AuditLog | AuditCallback | None = None,
+        *,
+        upstream_ca: Any = None,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float = 120.0,
+        response_timeout: float = 300.0,
+        max_encoded_body: int = MAX_ENCODED_BODY,
+        max_decoded_body: int = MAX_DECODED_BODY,
+    ) -> None:
+        self.inspector = inspector
+        self.ca = ca
+        self.audit = audit
+        self.contexts = ServerContexts(ca)
+        self.pool = UpstreamPool(upstream_context(upstream_ca))
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.response_timeout = response_timeout
+        self.max_encoded_body = max_encoded_body
+        self.max_decoded_body = max_decoded_body
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: Policy,
+        ca: CertificateAuthority,
+        audit: AuditLog | AuditCallback | None = None,
+        *,
+        secrets: SecretStore | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> InspectLayer:
+        """The layer for ``policy`` (``secrets``: the store whose placeholders the
+        sandbox was given; resolved from ``environ`` when omitted)."""
+        inspector = Inspector.from_policy(policy, environ, secrets=secrets)
+        return cls(inspector, ca, audit, upstream_ca=policy.network.upstream_ca)
+
+    def inspects(self, host: str, port: int) -> bool:
+        """True when a TLS tunnel to ``host:port`` must be intercepted."""
+        return self.inspector.inspects(host, port)
+
+    async def serve(
+        self, sock: socket.socket, host: str, port: int, address: str, initial: bytes = b""
+    ) -> TunnelStats:
+        """Serve one accepted tunnel (see :class:`InspectingTunnel`)."""
+        return await InspectingTunnel(self, host, port, address).run(sock, initial)
+
+    def emit(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
+        """Write one event."""
+        if decision.rule:
+            fields.setdefault("rule", decision.rule)
+        if decision.detail:
+            fields.setdefault("detail", decision.detail)
+        if isinstance(self.audit, AuditLog):
+            self.audit.decision(event, decision, **fields)
+        elif self.audit is not None:
+            self.audit(decision, {"event": event, **fields})
+
+    def close(self) -> None:
+        """Close pooled upstream connections and release the in-memory key."""
+        self.pool.close()
+        self.contexts.close()
+
+
+class InspectingTunnel:
+    """One intercepted tunnel to ``host:port``, whose upstream is the vetted ``address``."""
+
+    def __init__(self, layer: InspectLayer, host: str, port: int, address: str) -> None:
+        self.layer = layer
+        self.host = host
+        self.port = port
+        self.address = address
+        self.stats = TunnelStats()
+
+    async def run(self, sock: socket.socket, initial: bytes = b"") -> TunnelStats:
+        """Serve the tunnel on ``sock`` (after ``200`` to CONNECT) until it closes.
+
+        ``initial`` holds bytes the proxy already read from the client (the ClientHello
+        it peeked at). The socket is closed when this returns.
+        """
+        sock.setblocking(False)
+        try:
+            stream = await self._handshake(sock, initial)
+            if stream is None:
+                return self.stats
+            await self._serve(stream)
+        finally:
+            sock.close()
+        return self.stats
+
+    async def _handshake(self, sock: socket.socket, initial: bytes) -> TLSStream | None:
+        ctx = self.layer.contexts.get(self.host)
+        fields: dict[str, Any] = {"host": self.host, "port": self.port}
+        try:
+            async with asyncio.timeout(self.layer.handshake_timeout):
+                return await TLSStream.server(sock, ctx, initial)
+        except ssl.SSLError as exc:
+            text = f"{exc.reason or ''} {exc}"
+            if any(code in text for code in _CERT_REFUSALS) or isinstance(exc, ssl.SSLEOFError):
+                decision = Decision.deny(LAYER, Reason.CLIENT_REFUSED_CERT, "", PINNING_MESSAGE)
+                logger.warning("inspect: %s: %s (%s)", self.host, PINNING_MESSAGE, exc.reason)
+            else:
+                decision = Decision.deny(LAYER, Reason.NOT_TLS, "", f"TLS handshake: {exc}")
+        except TimeoutError:
+            decision = Decision.deny(LAYER, Reason.NOT_TLS, "", "no TLS handshake in time")
+        except OSError as exc:
+            decision = Decision.deny(LAYER, Reason.NOT_TLS, "", f"client connection: {exc}")
+        self.layer.emit("net_intercept", decision, fields)
+        return None
+
+    async def _serve(self, stream: TLSStream) -> None:
+        client = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+        try:
+            while True:
+                try:
+                    event = await _next(client, stream, self.layer.idle_timeout)
+                except h11.RemoteProtocolError as exc:
+                    record = RequestRecord(host=self.host, port=self.port, sni=stream.sni)
+                    refusal = Refusal(400, Reason.BAD_REQUEST, f"malformed HTTP: {exc}")
+                    await self._refuse(client, stream, record, refusal, drain=False)
+                    return
+                if not isinstance(event, h11.Request):
+                    return
+                keep = await self._exchange(client, stream, event)
+                if not keep or client.our_state is not h11.DONE:
+                    return
+                if client.their_state is not h11.DONE:
+                    return
+                client.start_next_cycle()
+        except (TimeoutError, OSError, ssl.SSLError, h11.ProtocolError):
+            return
+        finally:
+            stream.close()
+
+    # -- one request ------------------------------------------------------------------
+
+    async def _exchange(self, client: h11.Connection, stream: TLSStream, req: h11.Request) -> bool:
+        self.stats.requests += 1
+        record = RequestRecord(
+            method=req.method.decode("ascii", "replace"),
+            host=self.host,
+            port=self.port,
+            path=req.target.decode("latin-1")[:200],
+            sni=stream.sni,
+        )
+        try:
+            plan = self.layer.inspector.head(record, stream.sni, req.target, list(req.headers))
+        except Refusal as refusal:
+            return await self._refuse(client, stream, record, refusal, drain=True)
+        if client.they_are_waiting_for_100_continue:
+            await _send(client, stream, h11.InformationalResponse(status_code=100, headers=[]))
+        try:
+            if plan.encoding is not None:
+                body = await self._read_encoded(client, stream, plan, record)
+                upstream, up = await self._send_request(plan, req, body)
+            elif _has_body(req):
+                upstream, up = await self._send_request(plan, req, None)
+                try:
+                    await self._stream_body(client, stream, upstream, up, plan, record)
+                except BaseException:
+                    upstream.close()
+                    raise
+            else:
+                # The head was the whole request; consume its end so the tunnel can
+                # take the next request on the same connection.
+                end = await _next(client, stream, self.layer.idle_timeout)
+                if not isinstance(end, h11.EndOfMessage):
+                    raise Refusal(400, Reason.BAD_REQUEST, "body on a request without length")
+                upstream, up = await self._send_request(plan, req, b"")
+        except Refusal as refused:
+            return await self._refuse(client, stream, record, refused, drain=True)
+        except _UpstreamError as exc:
+            failed = Refusal(502, Reason.UPSTREAM_FAILED, str(exc))
+            return await self._refuse(client, stream, record, failed, drain=False)
+        return await self._relay_response(client, stream, upstream, up, plan, record)
+
+    async def _read_encoded(
+        self, client: h11.Connection, stream: TLSStream, plan: RequestPlan, record: RequestRecord
+    ) -> bytes:
+        """Read a gzip/deflate body up to the cap, decode it with a cap and scan it."""
+        body = bytearray()
+        while True:
+            event = await _next(client, stream, self.layer.idle_timeout)
+            if isinstance(event, h11.Data):
+                body += event.data
+                record.bytes_up += len(event.data)
+                if len(body) > self.layer.max_encoded_body:
+                    raise Refusal(
+                        413,
+                        Reason.BODY_TOO_LARGE,
+                        f"{plan.encoding} body over {self.layer.max_encoded_body} bytes "
+                        "cannot be scanned; send it uncompressed",
+                    )
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        self.stats.max_buffered = max(self.stats.max_buffered, len(body))
+        scanner = StreamScanner(plan.scan)
+        try:
+            for chunk in decode_body(bytes(body), plan.encoding, self.layer.max_decoded_body):
+                _scan(scanner, chunk, record)
+        except ValueError as exc:
+            raise Refusal(400, Reason.BAD_REQUEST, str(exc)) from None
+        except OverflowError as exc:
+            raise Refusal(413, Reason.BODY_TOO_LARGE, str(exc)) from None
+        _scan(scanner, scanner.finish(), record)
+        return bytes(body)
+
+    async def _send_request(
+        self, plan: RequestPlan, req: h11.Request, body: bytes | None
+    ) -> tuple[TLSStream, h11.Connection]:
+        """Send the head (and ``body`` when known) upstream; retry once on a stale pool hit."""
+        request = h11.Request(method=req.method, target=plan.target.forwarded, headers=plan.headers)
+        for attempt in (0, 1):
+            try:
+                upstream, reused = await self.layer.pool.acquire(self.host, self.port, self.address)
+            except ssl.SSLCertVerificationError as exc:
+                raise _UpstreamError(
+                    f"upstream certificate not trusted: {exc.verify_message}"
+                ) from None
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                raise _UpstreamError(
+                    f"cannot reach {self.host}: {exc or type(exc).__name__}"
+                ) from None
+            up = h11.Connection(h11.CLIENT)
+            try:
+                await _send(up, upstream, request)
+                if body is not None:
+                    if body:
+                        await _send(up, upstream, h11.Data(data=body))
+                    await _send(up, upstream, h11.EndOfMessage())
+                return upstream, up
+            except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
+                upstream.close()
+                if not reused or attempt:
+                    raise _UpstreamError(f"upstream write failed: {exc}") from None
+        raise _UpstreamError("upstream unavailable")
+
+    async def _stream_body(
+        self,
+        client: h11.Connection,
+        stream: TLSStream,
+        upstream: TLSStream,
+        up: h11.Connection,
+        plan: RequestPlan,
+        record: RequestRecord,
+    ) -> None:
+        scanner = StreamScanner(plan.scan)
+        while True:
+            event = await _next(client, stream, self.layer.idle_timeout)
+            if isinstance(event, h11.Data):
+                record.bytes_up += len(event.data)
+                clean = _scan(scanner, bytes(event.data), record)
+                self.stats.max_buffered = max(
+                    self.stats.max_buffered, len(event.data) + scanner.keep
+                )
+                if clean:
+                    await _send(up, upstream, h11.Data(data=clean))
+            elif isinstance(event, h11.EndOfMessage):
+                rest = scanner.finish()
+                if rest:
+                    await _send(up, upstream, h11.Data(data=rest))
+                trailers = list(event.headers) if plan.chunked else []
+                await _send(up, upstream, h11.EndOfMessage(headers=trailers))
+                return
+            else:
+                raise h11.RemoteProtocolError("unexpected event in a request body")
+
+    async def _relay_response(
+        self,
+        client: h11.Connection,
+        stream: TLSStream,
+        upstream: TLSStream,
+        up: h11.Connection,
+        plan: RequestPlan,
+        record: RequestRecord,
+    ) -> bool:
+        redactor = StreamReplacer(plan.redact)
+        started = False
+        try:
+            while True:
+                event = await _next(up, upstream, self.layer.response_timeout)
+                if isinstance(event, h11.InformationalResponse):
+                    continue  # 100 (Expect was answered by the proxy) and hints
+                if isinstance(event, h11.Response):
+                    headers = end_to_end(event.headers)
+                    if redactor.mapping:
+                        headers = [(n, redactor.replace_all(v)) for n, v in headers]
+                        if _response_has_body(record.method, event.status_code):
+                            # The body may change length; let h11 re-frame it.
+                            headers = [(n, v) for n, v in headers if n != b"content-length"]
+                    record.status = event.status_code
+                    started = True
+                    await _send(
+                        client,
+                        stream,
+                        h11.Response(
+                            status_code=event.status_code, headers=headers, reason=event.reason
+                        ),
+                    )
+                elif isinstance(event, h11.Data):
+                    out = redactor.feed(bytes(event.data))
+                    record.bytes_down += len(event.data)
+                    if out:
+                        await _send(client, stream, h11.Data(data=out))
+                elif isinstance(event, h11.EndOfMessage):
+                    rest = redactor.finish()
+                    if rest:
+                        await _send(client, stream, h11.Data(data=rest))
+                    await _send(client, stream, h11.EndOfMessage())
+                    break
+                else:
+                    raise _UpstreamError("upstream closed before the response ended")
+        except (
+            _UpstreamError,
+            OSError,
+            ssl.SSLError,
+            h11.RemoteProtocolError,
+            TimeoutError,
+        ) as exc:
+            upstream.close()
+            if not started:
+                refusal = Refusal(502, Reason.UPSTREAM_FAILED, f"upstream response: {exc}")
+                return await self._refuse(client, stream, record, refusal, drain=False)
+            self._emit(
+                Decision.deny(LAYER, Reason.UPSTREAM_FAILED, record.rule, f"response cut: {exc}"),
+                record,
+            )
+            return False
+        if up.our_state is h11.DONE and up.their_state is h11.DONE:
+            self.layer.pool.release(self.host, self.port, self.address, upstream)
+        else:
+            upstream.close()
+        if redactor.replaced:
+            record.detail = f"redacted {redactor.replaced} echoed secret value(s)"
+        self._emit(plan.decision, record)
+        return True
+
+    # -- refusals and events ----------------------------------------------------------
+
+    async def _refuse(
+        self,
+        client: h11.Connection,
+        stream: TLSStream,
+        record: RequestRecord,
+        refusal: Refusal,
+        *,
+        drain: bool,
+    ) -> bool:
+        self.stats.refused += 1
+        record.status = refusal.status
+        keep = False
+        if drain and client.their_state is h11.SEND_BODY:
+            keep = await self._drain(client, stream)
+        if client.our_state is h11.SEND_RESPONSE:
+            body = f"stockade: {refusal.reason}: {refusal.detail}\n".encode("utf-8", "replace")
+            headers = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-stockade-reason", str(refusal.reason).encode()),
+            ]
+            if not keep:
+                headers.append((b"connection", b"close"))
+            try:
+                await _send(
+                    client, stream, h11.Response(status_code=refusal.status, headers=headers)
+                )
+                await _send(client, stream, h11.Data(data=body))
+                await _send(client, stream, h11.EndOfMessage())
+            except (OSError, ssl.SSLError, h11.ProtocolError):
+                keep = False
+        else:
+            keep = False
+        self._emit(Decision.deny(LAYER, refusal.reason, record.rule, refusal.detail), record)
+        return keep
+
+    async def _drain(self, client: h11.Connection, stream: TLSStream) -> bool:
+        """Read and drop the rest of a refused request's body, up to a cap.
+
+        A client writes its body before it reads the answer; closing on it mid-body
+        would turn a clear 403 into a connection reset. Past the cap (or a client that
+        waits for ``100 Continue``) the connection is closed after the answer instead.
+        """
+        if client.they_are_waiting_for_100_continue:
+            return False
+        dropped = 0
+        try:
+            async with asyncio.timeout(_DRAIN_SECONDS):
+                while dropped <= _DRAIN_BYTES:
+                    event = await _next(client, stream, _DRAIN_SECONDS)
+                    if isinstance(event, h11.EndOfMessage):
+                        return True
+                    if not isinstance(event, h11.Data):
+                        return False
+                    dropped += len(event.data)
+        except (TimeoutError, OSError, ssl.SSLError, h11.ProtocolError):
+            return False
+        return False
+
+    def _emit(self, decision: Decision, record: RequestRecord) -> None:
+        fields = record.fields()
+        if record.detail and not decision.detail:
+            fields["detail"] = record.detail
+        self.layer.emit("net_request", decision, fields)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _scan(scanner: StreamScanner, data: bytes, record: RequestRecord) -> bytes:
+    try:
+        return scanner.feed(data)
+    except Found as found:
+        record.label = found.pattern.label
+        raise Refusal(
+            403, found.pattern.reason, f"{found.pattern.label} in the request body"
+        ) from None
+
+
+def decode_body(body: bytes, encoding: str | None, cap: int) -> Iterator[bytes]:
+    """Yield the decoded pieces of a gzip (every member) or deflate body.
+
+    Raises ValueError for a corrupt body or trailing bytes, OverflowError past ``cap``
+    decoded bytes. Every byte of ``body`` is decoded: data after a first gzip member
+    is another member (servers decode it too), never skipped.
+    """
+    # zlib-wrapped deflate is the standard; raw deflate is what some clients send.
+    wbits = (47,) if encoding == "gzip" else (15, -15)
+    total = 0
+    for attempt, bits in enumerate(wbits):
+        data = body
+        try:
+            while data:
+                decoder = zlib.decompressobj(bits)
+                while data and not decoder.eof:
+                    chunk = decoder.decompress(data, 256 * 1024)
+                    data = decoder.unconsumed_tail
+                    total += len(chunk)
+                    if total > cap:
+                        raise OverflowError(f"decoded body over {cap} bytes")
+                    if chunk:
+                        yield chunk
+                if not decoder.eof:
+                    raise ValueError(f"{encoding} body is truncated")
+                data = decoder.unused_data
+                if data and encoding != "gzip":
+                    raise ValueError("bytes after the end of the deflate body")
+            return
+        except zlib.error as exc:
+            if total or attempt + 1 == len(wbits):
+                raise ValueError(f"{encoding} body is corrupt: {exc}") from None
+
+
+def _has_body(req: h11.Request) -> bool:
+    if header_values(list(req.headers), b"transfer-encoding"):
+        return True
+    lengths = header_values(list(req.headers), b"content-length")
+    return bool(lengths) and lengths[0].strip() != b"0"
+
+
+def _response_has_body(method: str, status: int) -> bool:
+    return method != "HEAD" and status not in (204, 304) and status >= 200
+
+
+async def _next(conn: h11.Connection, stream: TLSStream, timeout: float) -> Any:
+    """The next h11 event, reading from ``stream`` as needed."""
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        async with asyncio.timeout(timeout):
+            data = await stream.recv()
+        conn.receive_data(data)
+
+
+async def _send(conn: h11.Connection, stream: TLSStream, event: Any) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.send(data)
