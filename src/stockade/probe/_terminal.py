@@ -97,10 +97,13 @@ def render(report: dict[str, Any], *, colour: bool = False) -> str:
                     )
                 )
     cost = report["cost_ms"]
-    lines.append(
-        f"  start-up per command: {cost['baseline']:.1f} ms bare, {cost['all_on']:.1f} ms with "
-        "every enforced layer on"
-    )
+    if any(v is not None for v in cost["per_layer"].values()):
+        lines.append(
+            f"  start-up per command: {cost['baseline']:.1f} ms bare, {cost['all_on']:.1f} ms "
+            "with every enforced layer on"
+        )
+    else:
+        lines.append("  start-up cost: not measured (--cost-runs 0)")
     if report["not_enforceable"]:
         lines.append(
             paint(
