@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "check": ("stockade.cli.check", "validate a policy and print the effective policy"),
     "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
+    "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
 }
 
 PROG = "stockade"
