@@ -100,6 +100,14 @@ def _require_layers(policy: Policy) -> str | None:
         check = _host.userns_check()
         if not check.ok:
             raise Unavailable(f"user namespaces ({check.detail})", check.fix)
+    if layers.files or layers.syscalls:
+        try:
+            from stockade.enforce import launcher  # noqa: F401
+        except ImportError:
+            raise Unavailable(
+                "the inner launcher (files and syscalls layers)",
+                "this build has no launcher; run with --disable files --disable syscalls",
+            ) from None
     if layers.files:
         _host.require_landlock()
     if layers.syscalls and not _host.seccomp_available():
@@ -234,10 +242,11 @@ def _execute(
             command = list(request.argv)
             if bwrap is not None and (layers.container or layers.egress):
                 argv = bubblewrap.build_argv(plan, command, bwrap=bwrap)
+                depth = 2 if plan.isolate else 1
             else:
-                argv = command
+                argv, depth = command, 0
             returncode, timed_out, stdout_data, stderr_data = _spawn(
-                argv, child_env, cwd, request, audit
+                argv, child_env, cwd, request, depth
             )
     finally:
         left = paths.remove_placeholders(protection.created)
@@ -281,7 +290,7 @@ def _spawn(
     env: dict[str, str],
     cwd: Path,
     request: RunRequest,
-    audit: AuditLog,
+    depth: int,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr)."""
     timeout = _wall_timeout(request)
@@ -296,7 +305,7 @@ def _spawn(
         and sys.stdin.isatty()
     )
     if use_pty:
-        return _spawn_pty(argv, env, cwd, request, timeout)
+        return _spawn_pty(argv, env, cwd, request, timeout, depth)
     stdout = subprocess.PIPE if request.capture_output else request.stdout
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
@@ -316,7 +325,7 @@ def _spawn(
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
-    with _forwarding(proc, request.forward_signals):
+    with _forwarding(proc, request.forward_signals, depth):
         try:
             out, err = proc.communicate(request.input, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -342,14 +351,15 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _command_pid(proc: subprocess.Popen[bytes]) -> int:
+def _command_pid(proc: subprocess.Popen[bytes], depth: int) -> int:
     """The pid (in our namespace) that should receive forwarded signals.
 
-    bwrap's monitor does not forward signals, so they go to the command itself: the
-    child of bwrap's init in the sandbox's PID namespace.
+    bwrap's monitor does not forward signals, so they go to the command itself: ``depth``
+    generations below the process we started (2 with a PID namespace: bwrap, its init,
+    the command; 1 for bwrap without one; 0 without bwrap).
     """
     pid = proc.pid
-    for _ in range(3):
+    for _ in range(depth):
         try:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
@@ -361,14 +371,14 @@ def _command_pid(proc: subprocess.Popen[bytes]) -> int:
 
 
 @contextlib.contextmanager
-def _forwarding(proc: subprocess.Popen[bytes], enabled: bool) -> Iterator[None]:
+def _forwarding(proc: subprocess.Popen[bytes], enabled: bool, depth: int) -> Iterator[None]:
     if not enabled:
         yield
         return
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(_command_pid(proc), signum)
+            os.kill(_command_pid(proc, depth), signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _SIGNALS}
     try:
@@ -384,6 +394,7 @@ def _spawn_pty(
     cwd: Path,
     request: RunRequest,
     timeout: float | None,
+    depth: int,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Run with a pty of its own; relay between it and the caller's terminal.
 
@@ -432,7 +443,7 @@ def _spawn_pty(
         tty.setraw(in_fd)
         sel.register(master, selectors.EVENT_READ)
         sel.register(in_fd, selectors.EVENT_READ)
-        with _forwarding(proc, request.forward_signals):
+        with _forwarding(proc, request.forward_signals, depth):
             while True:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if deadline is not None and wait == 0:

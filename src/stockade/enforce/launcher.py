@@ -1,0 +1,246 @@
+"""Build, find and feed the inner launcher (``_launcher.c``).
+
+The launcher is a small C program that bubblewrap (or the runtime directly) execs as
+``LAUNCHER SPEC_FD -- CMD ARGS...``.  It reads a :class:`LauncherSpec` from ``SPEC_FD``,
+checks that no capability is left, sets no_new_privs, applies Landlock, loads the
+seccomp filter, verifies all of it, closes inherited fds and execs the command.  See the
+header of ``_launcher.c`` for the byte format, which :func:`serialize` produces.
+
+Typical use::
+
+    spec = LauncherSpec(read_paths=("/usr", "/etc"), write_paths=(ws,), landlock=True,
+                        scope=True, seccomp_bpf=seccomp.build_filter(),
+                        seccomp_expected=True, deny_probe="/")
+    prefix, fd = prepare(spec)
+    try:
+        subprocess.run([*bwrap_argv, *prefix, *command], pass_fds=(fd,))
+    finally:
+        os.close(fd)
+
+This module is stdlib-only and imports nothing heavy: it runs on every ``stockade run``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade._exceptions import SandboxError, Unavailable
+
+__all__ = [
+    "SPEC_MAGIC",
+    "LauncherSpec",
+    "build_launcher",
+    "launcher_path",
+    "prepare",
+    "serialize",
+]
+
+SPEC_MAGIC = b"stockade-spec/1"
+_SOURCE_NAME = "_launcher.c"
+_BPF_INSN_SIZE = 8
+_MAX_BPF_INSNS = 4096
+
+
+@dataclass(frozen=True)
+class LauncherSpec:
+    """What the launcher applies before exec.
+
+    ``read_paths`` get read+execute, ``write_paths`` every handled Landlock right
+    (absolute paths; a missing path is skipped by the launcher).  ``landlock`` applies
+    the ruleset; ``scope`` adds the ABI 6 scopes (abstract unix sockets, signals) and
+    fails closed on an older kernel.  ``seccomp_bpf`` is a program to load (``None`` when
+    bwrap loads it with ``--seccomp FD``); ``seccomp_expected`` makes the launcher verify
+    ``Seccomp: 2`` either way.  ``deny_probe`` is a path outside every allowed path that
+    must then fail to open with EACCES; without one the launcher probes ``"/"`` unless a
+    rule names ``/`` itself (then the ruleset's effect is not verified).
+    Devices that need ioctls (``/dev/tty``, ``/dev/pts``) belong in ``write_paths``: read
+    paths do not get ``IOCTL_DEV``.
+    """
+
+    read_paths: tuple[str, ...] = ()
+    write_paths: tuple[str, ...] = ()
+    landlock: bool = True
+    scope: bool = True
+    seccomp_bpf: bytes | None = None
+    seccomp_expected: bool = False
+    deny_probe: str | None = None
+    debug: bool = False
+
+
+def serialize(spec: LauncherSpec) -> bytes:
+    """Encode ``spec`` in the launcher's format (NUL-terminated ``K=VALUE`` records).
+
+    Raises ``ValueError`` for a relative path, a path containing NUL, or a seccomp
+    program that is not a whole number of instructions (1..4096).
+    """
+
+    def rec(key: str, value: str) -> bytes:
+        return f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0"
+
+    def path(p: str) -> str:
+        if not p.startswith("/"):
+            raise ValueError(f"launcher spec: path {p!r} is not absolute")
+        if "\0" in p:
+            raise ValueError(f"launcher spec: path {p!r} contains NUL")
+        return p
+
+    out = [SPEC_MAGIC + b"\0"]
+    out.append(rec("L", str(int(spec.landlock))))
+    out.append(rec("S", str(int(spec.scope))))
+    out.append(rec("E", str(int(spec.seccomp_expected or spec.seccomp_bpf is not None))))
+    out.append(rec("D", str(int(spec.debug))))
+    out += [rec("r", path(p)) for p in spec.read_paths]
+    out += [rec("w", path(p)) for p in spec.write_paths]
+    if spec.deny_probe is not None:
+        out.append(rec("p", path(spec.deny_probe)))
+    if spec.seccomp_bpf is not None:
+        n = len(spec.seccomp_bpf)
+        if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:
+            raise ValueError(f"launcher spec: seccomp program of {n} bytes is not 1..4096 insns")
+        out.append(rec("B", str(n)))
+        out.append(spec.seccomp_bpf)
+    out.append(b"END\0")
+    return b"".join(out)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "stockade"
+
+
+def _source() -> bytes:
+    # Next to this module (package data); importlib.resources would cost ~15 ms to import.
+    return Path(__file__).with_name(_SOURCE_NAME).read_bytes()
+
+
+def _compiler() -> str:
+    import shutil  # lazy: only the first call per process needs it
+
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise Unavailable(
+        "the inner launcher (a C compiler to build it)",
+        "install gcc: apt-get install gcc libc6-dev",
+    )
+
+
+@functools.cache
+def launcher_path() -> Path:
+    """Return where the launcher for this source and compiler lives (built or not).
+
+    The name carries the first 16 hex digits of sha256(source + compiler version), so a
+    changed source or compiler gets a fresh binary and a stale one is never reused.
+    Cached for the life of the process (it runs ``cc --version`` once).
+    """
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, check=False, timeout=30).stdout
+    digest = hashlib.sha256(_source() + b"\0" + version).hexdigest()[:16]
+    return _cache_dir() / f"launcher-{digest}"
+
+
+def _trusted(path: Path) -> bool:
+    """True for a cached binary that only this user could have written.
+
+    The launcher runs every layer; a copy someone else could replace would be a way
+    around all of them, so anything else is rebuilt (and replaced) instead of reused.
+    """
+    try:
+        st = path.lstat()
+        parent = path.parent.stat()
+    except FileNotFoundError:
+        return False
+    uid = os.geteuid()
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid == uid
+        and parent.st_uid == uid
+        and not (st.st_mode | parent.st_mode) & 0o022
+        and os.access(path, os.X_OK)
+    )
+
+
+def build_launcher() -> Path:
+    """Return the path of an executable launcher, compiling it on first use.
+
+    Compiles ``_launcher.c`` with ``cc -O2 -Wall -Werror`` (static when the toolchain
+    can, dynamic otherwise) into ``$XDG_CACHE_HOME/stockade`` (mode 0700), through a
+    temporary name and a rename so that concurrent builds never expose a partial file.
+    A cached binary is reused only if it and its directory belong to this user and are
+    not group- or world-writable.  Keep that directory out of every sandbox's writable
+    paths.
+    Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
+    compile fails.
+    """
+    target = launcher_path()
+    if _trusted(target):
+        return target
+    cache = target.parent
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
+    os.chmod(cache, 0o700)
+    import tempfile  # lazy: only a first build needs it
+
+    cc = _compiler()
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
+        src = Path(tmp) / _SOURCE_NAME
+        src.write_bytes(_source())
+        out = Path(tmp) / "launcher"
+        errors = ""
+        # A static binary skips the dynamic loader (faster start, no library lookups
+        # inside the sandbox); not every host has a static libc, so fall back.
+        for extra in (["-static"], []):
+            proc = subprocess.run(
+                [cc, "-O2", "-Wall", "-Werror", *extra, "-o", str(out), str(src)],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+            if proc.returncode == 0:
+                break
+            errors = proc.stderr.strip()
+        else:
+            raise SandboxError(
+                f"compiling the inner launcher with {cc} failed: {errors.splitlines()[-1:]}; "
+                "install gcc and libc6-dev, or report a bug with the compiler output"
+            )
+        # Owner-only like its directory: the runtime and the sandbox run as one uid.
+        os.chmod(out, 0o700)
+        os.replace(out, target)
+    return target
+
+
+def prepare(spec: LauncherSpec) -> tuple[list[str], int]:
+    """Serialise ``spec`` into a sealed memfd and return ``(argv_prefix, fd)``.
+
+    ``argv_prefix`` is ``[launcher, str(fd), "--"]``; append the command to it.  Pass
+    ``fd`` with ``subprocess``'s ``pass_fds`` (the memfd is close-on-exec otherwise) and
+    close it in the parent after the child started.  The memfd is sealed against writes
+    so nothing can change the spec between here and the launcher reading it.
+    """
+    binary = build_launcher()
+    data = serialize(spec)
+    fd = os.memfd_create("stockade-spec", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return [str(binary), str(fd), "--"], fd

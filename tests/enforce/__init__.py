@@ -1,0 +1,1 @@
+"""Tests of the kernel enforcement layer: Landlock, seccomp and the inner launcher."""

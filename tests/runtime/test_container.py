@@ -1,0 +1,265 @@
+"""The container layer on its own (files and syscalls off): real bubblewrap, real kernel.
+
+Each "blocked" test has its "allowed" twin right next to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SECRET_ENV, SECRET_FILES, World
+
+pytestmark = pytest.mark.usefixtures("kernel")
+ONLY_CONTAINER = ("--disable", "files", "--disable", "syscalls")
+
+
+def run(world: World, *cmd: str, extra: tuple[str, ...] = ONLY_CONTAINER, **kw: object) -> subprocess.CompletedProcess[str]:
+    return world.stockade("run", *extra, "--", *cmd, **kw)
+
+
+def test_canary_files_in_home_are_invisible(world: World) -> None:
+    script = "; ".join(f"cat ~/{rel} 2>/dev/null" for rel in SECRET_FILES) + "; ls -la ~; true"
+    proc = run(world, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert world.canary not in proc.stdout + proc.stderr
+
+
+def test_workspace_file_is_readable(world: World) -> None:
+    proc = run(world, "cat", "README")
+    assert proc.returncode == 0
+    assert proc.stdout == "workspace file\n"
+
+
+def test_write_outside_workspace_fails(world: World) -> None:
+    target = world.root / "outside.txt"
+    proc = run(world, "sh", "-c", f"echo x > {target}; echo x >> {world.home}/.bashrc; echo x > /etc/stockade-test")
+    assert not target.exists()
+    assert (world.home / ".bashrc").read_text() == "# bashrc\n"
+    assert not Path("/etc/stockade-test").exists()
+    assert proc.returncode != 0
+
+
+def test_write_inside_workspace_works(world: World) -> None:
+    proc = run(world, "sh", "-c", "mkdir -p build && echo built > build/out")
+    assert proc.returncode == 0, proc.stderr
+    assert (world.workspace / "build" / "out").read_text() == "built\n"
+
+
+def test_credential_env_is_absent(world: World) -> None:
+    proc = run(world, "sh", "-c", "env; echo ---; tr '\\0' '\\n' < /proc/1/environ; echo ---; tr '\\0' ' ' < /proc/1/cmdline")
+    assert proc.returncode == 0, proc.stderr
+    assert world.canary not in proc.stdout
+    for name in SECRET_ENV:
+        assert f"{name}=" not in proc.stdout
+
+
+def test_allowed_env_passes(world: World) -> None:
+    (world.workspace / "p.toml").write_text('[env]\npass = ["MY_SETTING"]\nset = { FIXED = "1" }\n')
+    env = dict(world.env, MY_SETTING="visible")
+    proc = world.stockade("run", *ONLY_CONTAINER, "--policy", "p.toml", "--", "sh", "-c", "echo $MY_SETTING $FIXED $HOME", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["visible", "1", str(world.home)]
+
+
+def test_host_pids_are_invisible(world: World) -> None:
+    host = subprocess.Popen(["sleep", "30", world.canary])
+    try:
+        proc = run(world, "sh", "-c", "ls /proc | grep -c '^[0-9]'; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+        assert proc.returncode == 0
+        count = int(proc.stdout.split()[0])
+        assert count < 10
+        assert world.canary not in proc.stdout
+        # The twin: the sandbox's own processes are visible to it.
+        own = run(world, "sh", "-c", "sleep 5 & ls /proc | grep -c '^[0-9]'")
+        assert int(own.stdout.split()[0]) >= 2
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_signal_to_host_process_fails(world: World) -> None:
+    host = subprocess.Popen(["sleep", "30"])
+    try:
+        proc = run(world, "sh", "-c", f"kill -9 {host.pid}; kill -9 -1; echo done")
+        assert host.poll() is None
+        assert "done" in proc.stdout or proc.returncode != 0
+    finally:
+        host.kill()
+        host.wait()
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Pids of the sandboxed marker processes (``sh -c sleep N MARKER``), not of stockade or bwrap."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+                if cmdline.startswith("sh\0-c\0sleep") and marker in cmdline:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_background_process_does_not_survive(world: World) -> None:
+    marker = f"{world.canary}-bg"
+    alive = run(world, "sh", "-c", f"sh -c 'sleep 30' {marker} & sleep 0.5; ps -eo args | grep -c {marker}")
+    assert int(alive.stdout.split()[0]) >= 1  # the twin: it does start inside
+    proc = run(world, "sh", "-c", f"setsid sh -c 'sleep 60' {marker} >/dev/null 2>&1 & (sh -c 'sleep 61' {marker} &); sleep 0.2; exit 0")
+    assert proc.returncode == 0
+    time.sleep(0.3)
+    assert _pids_with(marker) == []
+
+
+def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
+    marker = f"{world.canary}-kill"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stockade", "run", *ONLY_CONTAINER, "--", "sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"],
+        cwd=world.workspace, env=world.env,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_pids_with(marker)) < 2:
+        time.sleep(0.05)
+    assert len(_pids_with(marker)) >= 2, "the sandboxed processes never started"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _pids_with(marker):
+        time.sleep(0.05)
+    assert _pids_with(marker) == []
+
+
+@pytest.mark.parametrize("code", [0, 1, 3, 42])
+def test_exit_codes_pass_through(world: World, code: int) -> None:
+    assert run(world, "sh", "-c", f"exit {code}").returncode == code
+
+
+def test_killed_by_signal_is_128_plus_n(world: World) -> None:
+    assert run(world, "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+
+
+def test_command_not_found_is_127(world: World) -> None:
+    proc = run(world, "no-such-command-stockade")
+    assert proc.returncode == 127
+    assert "not found" in proc.stderr
+
+
+def test_sigterm_reaches_the_command(world: World) -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stockade", "run", *ONLY_CONTAINER, "--", "sh", "-c",
+         "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"],
+        cwd=world.workspace, env=world.env, stdout=subprocess.PIPE, text=True,
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=10)
+    assert "got-term" in out
+    assert p.returncode == 7
+
+
+def test_timeout_kills_the_tree_and_exits_124(world: World) -> None:
+    marker = f"{world.canary}-timeout"
+    start = time.monotonic()
+    proc = run(world, "sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}", extra=(*ONLY_CONTAINER, "--timeout", "1"))
+    assert proc.returncode == 124
+    assert time.monotonic() - start < 10
+    assert _pids_with(marker) == []
+    assert "limits limit-wall-time" in proc.stderr
+
+
+def test_within_timeout_runs_normally(world: World) -> None:
+    assert run(world, "true", extra=(*ONLY_CONTAINER, "--timeout", "20")).returncode == 0
+
+
+def test_malformed_policy_exits_125_naming_the_key(world: World) -> None:
+    (world.workspace / "bad.toml").write_text("[limits]\nmemory = 'lots'\n")
+    proc = world.stockade("run", "--policy", "bad.toml", "--", "true")
+    assert proc.returncode == 125
+    assert "limits.memory" in proc.stderr
+    missing = world.stockade("run", "--policy", "missing.toml", "--", "true")
+    assert missing.returncode == 125
+    assert "missing.toml" in missing.stderr
+
+
+def test_audit_log_records_start_end_and_denials(world: World) -> None:
+    audit = world.root / "audit.jsonl"
+    proc = run(world, "true", extra=(*ONLY_CONTAINER, "--audit", str(audit)))
+    assert proc.returncode == 0
+    import json
+
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end"
+    assert events[0]["policy_hash"].startswith("sha256:")
+    assert "container" in events[0]["layers"] and "files" not in events[0]["layers"]
+    assert events[-1]["returncode"] == 0
+    for e in events:
+        assert {"time", "run_id", "event", "layer", "verdict", "reason"} <= e.keys()
+    withheld = {e["name"] for e in events if e["reason"] == "credential-env"}
+    assert set(SECRET_ENV) <= withheld
+    assert all(world.canary not in json.dumps(e) for e in events)
+
+
+def test_unwritable_audit_log_refuses_to_run(world: World) -> None:
+    marker = world.workspace / "ran"
+    proc = run(world, "touch", str(marker), extra=(*ONLY_CONTAINER, "--audit", "/proc/stockade/audit.jsonl"))
+    assert proc.returncode == 125
+    assert not marker.exists()
+    assert "audit" in proc.stderr
+
+
+def test_protected_paths_are_read_only(world: World) -> None:
+    subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
+    proc = run(world, "sh", "-c",
+               "echo evil > .git/hooks/pre-commit; echo '[core]' >> .git/config; mkdir -p .vscode;"
+               " echo '{}' > .vscode/tasks.json; echo x > .envrc; echo ok > normal.txt")
+    assert not (world.workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert "[core]\n" != (world.workspace / ".git" / "config").read_text()[-7:]
+    assert not (world.workspace / ".vscode").exists()
+    assert not (world.workspace / ".envrc").exists()
+    assert (world.workspace / "normal.txt").read_text() == "ok\n"
+    assert "Read-only file system" in proc.stderr
+
+
+def test_git_still_works_inside(world: World) -> None:
+    subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
+    proc = run(world, "sh", "-c",
+               "git -c user.email=a@b -c user.name=n add README && git -c user.email=a@b -c user.name=n commit -qm x && git log --oneline | wc -l")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"
+
+
+def test_renaming_git_dir_to_plant_hooks_fails(world: World) -> None:
+    subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
+    run(world, "sh", "-c", "mv .git .git2 && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit")
+    assert (world.workspace / ".git" / "HEAD").exists()
+    assert not (world.workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert not (world.workspace / ".git2").exists()
+
+
+def test_unprivileged_user(world: World, tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("already unprivileged: every other test covers this case")
+    for path in (world.root, world.home, world.workspace, world.root / "state"):
+        path.mkdir(exist_ok=True)
+    subprocess.run(["chown", "-R", "65534:65534", str(world.root)], check=True)
+    env = dict(world.env, XDG_CACHE_HOME=str(world.root / "cache"))
+    script = f"cat ~/.ssh/id_ed25519; echo $GH_TOKEN; echo ok > {world.workspace}/o; echo x > {world.root}/outside; id -u"
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "stockade",
+         "run", *ONLY_CONTAINER, "--", "sh", "-c", script],
+        cwd=world.workspace, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert world.canary not in proc.stdout
+    assert (world.workspace / "o").read_text() == "ok\n"
+    assert not (world.root / "outside").exists()
+    assert proc.stdout.strip().endswith("65534")
