@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
     "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
+    "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
 }
 
 PROG = "stockade"
