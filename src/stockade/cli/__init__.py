@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
     "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
     "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
+    "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
 }
 
 PROG = "stockade"

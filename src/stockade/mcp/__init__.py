@@ -2,11 +2,23 @@
 
 ``stockade mcp`` serves two tools over stdio: ``run_command`` runs a command in the
 sandbox and returns its output with the denials explained, and ``sandbox_policy`` says
-what is allowed. Importing this package imports the MCP SDK; the CLI does so only inside
-the ``mcp`` verb.
+what is allowed. The MCP SDK is imported only when :func:`serve` or :func:`build_server`
+is first used, so ``stockade.mcp._explain`` (used by ``stockade log``) stays cheap.
 """
 
-from stockade.mcp._server import build_server as build_server
-from stockade.mcp._server import serve as serve
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stockade.mcp._server import build_server, serve
 
 __all__ = ["build_server", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from stockade.mcp import _server
+
+        return getattr(_server, name)
+    raise AttributeError(f"module 'stockade.mcp' has no attribute {name!r}")
