@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,9 +35,22 @@ def bwrap_works() -> bool:
     if not bwrap:
         return False
     proc = subprocess.run(
-        [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--disable-userns",
-         "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
-        capture_output=True, check=False,
+        [
+            bwrap,
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--disable-userns",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--",
+            "/bin/true",
+        ],
+        capture_output=True,
+        check=False,
     )
     return proc.returncode == 0
 
@@ -57,17 +71,22 @@ class World:
     canary: str
     env: dict[str, str]
 
-    def stockade(self, *args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+    def stockade(
+        self,
+        *args: str,
+        timeout: float = 60,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the stockade CLI in this world (cwd = workspace)."""
         return subprocess.run(
             [sys.executable, "-m", "stockade", *args],
-            cwd=kw.pop("cwd", self.workspace),
-            env=kw.pop("env", self.env),
+            cwd=cwd or self.workspace,
+            env=env or self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
-            **kw,  # type: ignore[arg-type]
         )
 
 
@@ -85,9 +104,13 @@ SECRET_ENV = ("GH_TOKEN", "NPM_TOKEN", "AWS_SECRET_ACCESS_KEY", "ANTHROPIC_API_K
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    """F-CANARY of attacks.md: canary secrets in a fake HOME and in the environment."""
-    root = tmp_path
+def world() -> Iterator[World]:
+    """F-CANARY of attacks.md: canary secrets in a fake HOME and in the environment.
+
+    It lives in its own directory under /tmp (pytest's tmp_path is 0700 root's), so that
+    the same world also serves the tests that run stockade as uid 65534.
+    """
+    root = Path(tempfile.mkdtemp(prefix="stockade-world-"))
     os.chmod(root, 0o755)
     home = root / "home"
     canary = f"CANARY-{uuid.uuid4()}"
@@ -108,4 +131,74 @@ def world(tmp_path: Path) -> Iterator[World]:
     )
     for name in SECRET_ENV:
         env[name] = canary
-    yield World(root, home, workspace, canary, env)
+    try:
+        yield World(root, home, workspace, canary, env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+NOBODY = 65534
+
+
+def _nobody_python() -> str | None:
+    """A Python >= 3.11 that uid 65534 can execute (the venv's may live under /root)."""
+    for cand in (
+        sys.executable,
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+        shutil.which("python3") or "",
+    ):
+        if not cand:
+            continue
+        proc = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={NOBODY}",
+                f"--regid={NOBODY}",
+                "--clear-groups",
+                cand,
+                "-c",
+                "import sys; sys.exit(sys.version_info < (3, 11))",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        if proc.returncode == 0:
+            return cand
+    return None
+
+
+def as_nobody(world: World, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the stockade CLI as uid 65534 in ``world`` (which is chowned to it first)."""
+    if os.getuid() != 0:
+        return world.stockade(*args, timeout=timeout)
+    python = _nobody_python()
+    require(
+        python is not None and shutil.which("setpriv") is not None,
+        "no Python >= 3.11 executable by uid 65534, or no setpriv",
+    )
+    assert python is not None
+    import sysconfig
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    site = sysconfig.get_paths()["purelib"]
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(world.root)], check=True)
+    env = dict(world.env, PYTHONPATH=f"{src}:{site}", XDG_CACHE_HOME=str(world.root / "cache"))
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            python,
+            "-m",
+            "stockade",
+            *args,
+        ],
+        cwd=world.workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

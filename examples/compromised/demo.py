@@ -69,7 +69,11 @@ def main() -> int:
         print(f"stockade demo: a compromised test step runs in {ws}\n")
         proc = subprocess.run(
             [stockade, "run", "--workspace", str(ws), "--", "python3", "test_step.py"],
-            cwd=ws, env=env, capture_output=True, text=True, check=False,
+            cwd=ws,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         time.sleep(2.0)  # give a surviving daemon time to show itself
         sink.close()
@@ -92,12 +96,18 @@ def main() -> int:
         for r in results:
             good = r["outcome"] == "done" if r["needed"] else r["outcome"] == "blocked"
             mark = "ok " if good else "BAD"
-            print(f"  {r['action']:<{width}}  {'yes' if r['needed'] else 'no':<6}  {mark} {r['outcome']}")
+            print(
+                f"  {r['action']:<{width}}  {'yes' if r['needed'] else 'no':<6}  {mark} {r['outcome']}"
+            )
         open_unneeded = sum(1 for r in results if not r["needed"] and r["outcome"] == "done")
         broken_needed = sum(1 for r in results if r["needed"] and r["outcome"] != "done")
-        print(f"\n  unneeded actions still open: {open_unneeded}   needed actions broken: {broken_needed}")
+        print(
+            f"\n  unneeded actions still open: {open_unneeded}   needed actions broken: {broken_needed}"
+        )
         intact = (home / ".bashrc").read_text() == bashrc
-        print(f"  canary leaked: {'YES' if leaked else 'no'}   ~/.bashrc unchanged: {'yes' if intact else 'NO'}")
+        print(
+            f"  canary leaked: {'YES' if leaked else 'no'}   ~/.bashrc unchanged: {'yes' if intact else 'NO'}"
+        )
         for line in proc.stderr.splitlines():
             if line.startswith("stockade:"):
                 print(f"  {line}")

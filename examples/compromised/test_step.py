@@ -14,7 +14,16 @@ import time
 
 
 def report(action: str, needed: bool, ok: bool, detail: str = "") -> None:
-    print(json.dumps({"action": action, "needed": needed, "outcome": "done" if ok else "blocked", "detail": detail}))
+    print(
+        json.dumps(
+            {
+                "action": action,
+                "needed": needed,
+                "outcome": "done" if ok else "blocked",
+                "detail": detail,
+            }
+        )
+    )
     sys.stdout.flush()
 
 
@@ -22,7 +31,7 @@ def attempt(action: str, needed: bool, fn) -> None:  # type: ignore[no-untyped-d
     try:
         detail = fn()
         report(action, needed, True, str(detail or ""))
-    except Exception as exc:  # noqa: BLE001 - every failure is an outcome here
+    except Exception as exc:
         report(action, needed, False, f"{type(exc).__name__}: {exc}")
 
 
@@ -69,8 +78,12 @@ def write_git_hook() -> str:
 
 def leave_daemon() -> str:
     marker = os.environ.get("DEMO_MARKER", "")
-    subprocess.Popen(  # noqa: S603 - a fixed argv
-        [sys.executable, "-c", f"import time\ntime.sleep(1.5)\nopen({marker!r},'w').write('alive')"],
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time\ntime.sleep(1.5)\nopen({marker!r},'w').write('alive')",
+        ],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -34,7 +34,8 @@ def _policy(
             loaded = replace(loaded, filesystem=replace(loaded.filesystem, workspace=ws.resolve()))
         if allow_hosts:
             loaded = replace(
-                loaded, network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts))
+                loaded,
+                network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts)),
             )
     else:
         path = Path(os.fspath(policy)) if policy is not None else None
@@ -56,7 +57,7 @@ def run(
     timeout: float | None = None,
     capture_output: bool = False,
     text: bool = False,
-    input: str | bytes | None = None,
+    input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
     check: bool = False,
     allow_hosts: Sequence[str] = (),
     disable: Sequence[str] = (),
@@ -99,7 +100,6 @@ def run(
             timeout=timeout,
             capture_output=capture_output,
             input=data,
-            stdin=None if data is not None else (None if capture_output else None),
             allow_pty=False,
             caller_env=env,
         )
@@ -121,8 +121,16 @@ class CompletedRun:
         self._result = result
         self.args = result.argv
         self.returncode = result.returncode
-        self.stdout: Any = result.stdout.decode(errors="replace") if text and result.stdout is not None else result.stdout
-        self.stderr: Any = result.stderr.decode(errors="replace") if text and result.stderr is not None else result.stderr
+        self.stdout: Any = (
+            result.stdout.decode(errors="replace")
+            if text and result.stdout is not None
+            else result.stdout
+        )
+        self.stderr: Any = (
+            result.stderr.decode(errors="replace")
+            if text and result.stderr is not None
+            else result.stderr
+        )
 
     @property
     def events(self) -> list[dict[str, Any]]:

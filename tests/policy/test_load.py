@@ -28,7 +28,15 @@ def test_builtin_default_is_workspace_rw_no_network(home: Path) -> None:
     p = load_policy()
     assert p.filesystem.workspace == Path.cwd().resolve()
     assert p.network.allow == ()
-    assert p.layers.active() == ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
+    assert p.layers.active() == (
+        "files",
+        "container",
+        "syscalls",
+        "secrets",
+        "egress",
+        "inspect",
+        "limits",
+    )
     assert p.sources == ("built-in",)
     assert p.limits.memory == 4 * 1024**3
 
@@ -73,23 +81,27 @@ inspect = false
     [
         ("[filesytem]\n", "filesytem", "unknown key"),
         ("[filesystem]\nreed = []\n", "filesystem.reed", "unknown key"),
-        ("[filesystem]\nread = \"/usr\"\n", "filesystem.read", "list of strings"),
+        ('[filesystem]\nread = "/usr"\n', "filesystem.read", "list of strings"),
         ("[filesystem]\nread = [1]\n", "filesystem.read[0]", "expected a string"),
-        ("[limits]\nmemory = \"lots\"\n", "limits.memory", "size"),
+        ('[limits]\nmemory = "lots"\n', "limits.memory", "size"),
         ("[limits]\npids = -1\n", "limits.pids", "at least 1"),
         ("[limits]\npids = true\n", "limits.pids", "whole number"),
         ("[limits]\nwall_seconds = -3\n", "limits.wall_seconds", ">= 0"),
-        ("[layers]\nfiles = \"no\"\n", "layers.files", "true or false"),
+        ('[layers]\nfiles = "no"\n', "layers.files", "true or false"),
         ("version = 2\n", "version", "unsupported"),
-        ("[network]\nallow = [\"*\"]\n", "network.allow[0]", "wildcard"),
-        ("[network]\nhosts = { \"a.test\" = \"not-an-ip\" }\n", "network.hosts.a.test", "IP address"),
-        ("[env]\npass = [\"GH_TOKEN\"]\n", "env.pass[0]", "allow_secret"),
-        ("[env]\npass = [\"AWS_SECRET_ACCESS_KEY\"]\n", "env.pass[0]", "credential"),
-        ("[env]\nset = { \"1BAD\" = \"x\" }\n", "env.set.1BAD", "not a valid"),
-        ("[filesystem]\nwrite = [\"/\"]\n", "filesystem.write[0]", "grants write to /"),
-        ("[filesystem]\nwrite = [\"~\"]\n", "filesystem.write[0]", "home directory"),
-        ("[filesystem]\nprotect = [\"../x\"]\n", "filesystem.protect[0]", "inside the workspace"),
-        ("[filesystem]\nworkspace = \"/nonexistent-stockade-dir\"\n", "filesystem.workspace", "not a directory"),
+        ('[network]\nallow = ["*"]\n', "network.allow[0]", "wildcard"),
+        ('[network]\nhosts = { "a.test" = "not-an-ip" }\n', "network.hosts.a.test", "IP address"),
+        ('[env]\npass = ["GH_TOKEN"]\n', "env.pass[0]", "allow_secret"),
+        ('[env]\npass = ["AWS_SECRET_ACCESS_KEY"]\n', "env.pass[0]", "credential"),
+        ('[env]\nset = { "1BAD" = "x" }\n', "env.set.1BAD", "not a valid"),
+        ('[filesystem]\nwrite = ["/"]\n', "filesystem.write[0]", "grants write to /"),
+        ('[filesystem]\nwrite = ["~"]\n', "filesystem.write[0]", "home directory"),
+        ('[filesystem]\nprotect = ["../x"]\n', "filesystem.protect[0]", "inside the workspace"),
+        (
+            '[filesystem]\nworkspace = "/nonexistent-stockade-dir"\n',
+            "filesystem.workspace",
+            "not a directory",
+        ),
     ],
 )
 def test_bad_policies_name_the_key(home: Path, text: str, key: str, fragment: str) -> None:

@@ -40,7 +40,9 @@ class AuditLog:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                self._fd = os.open(
+                    path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
             except OSError as exc:
                 # An unwritable audit log refuses the run: stockade never runs unaudited.
                 raise SandboxError(
@@ -80,7 +82,9 @@ class AuditLog:
                 try:
                     os.write(self._fd, line)
                 except OSError as exc:
-                    raise SandboxError(f"cannot write audit log {self.path}: {exc.strerror}") from exc
+                    raise SandboxError(
+                        f"cannot write audit log {self.path}: {exc.strerror}"
+                    ) from exc
         for listener in self._listeners:
             listener(record)
         return record

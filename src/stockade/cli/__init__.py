@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -75,5 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        return EXIT_STOCKADE_ERROR
+    except Exception as exc:
+        # A bug in stockade, never a reason to run anything: one line, and the
+        # traceback only when asked for.
+        if os.environ.get("STOCKADE_DEBUG"):
+            raise
+        error(f"internal error: {type(exc).__name__}: {exc} (STOCKADE_DEBUG=1 shows the traceback)")
         return EXIT_STOCKADE_ERROR
     return code

@@ -9,7 +9,9 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``check``."""
-    parser.add_argument("file", nargs="?", type=Path, help="policy file (default: the search order of run)")
+    parser.add_argument(
+        "file", nargs="?", type=Path, help="policy file (default: the search order of run)"
+    )
     parser.add_argument("--workspace", type=Path, metavar="DIR", help="workspace to check against")
     parser.add_argument("--json", action="store_true", help="print the effective policy as JSON")
 
@@ -46,7 +48,9 @@ def execute(args: argparse.Namespace) -> int:
         print(f"  pin       {name} -> {addr}")
     env = policy.env
     if env.pass_:
-        print(f"env pass    {', '.join(e.name + (' (secret)' if e.allow_secret else '') for e in env.pass_)}")
+        print(
+            f"env pass    {', '.join(e.name + (' (secret)' if e.allow_secret else '') for e in env.pass_)}"
+        )
     for name in env.set:
         print(f"env set     {name}")
     lim = policy.limits

@@ -19,31 +19,75 @@ def checks() -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     bwrap = _host.find_bwrap()
     if bwrap:
-        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=False).stdout.strip()
-        out.append({"name": "bubblewrap", "ok": True, "detail": f"{bwrap} ({version})", "fix": "", "layers": ["container", "egress"]})
+        version = subprocess.run(
+            [bwrap, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        out.append(
+            {
+                "name": "bubblewrap",
+                "ok": True,
+                "detail": f"{bwrap} ({version})",
+                "fix": "",
+                "layers": ["container", "egress"],
+            }
+        )
     else:
-        out.append({"name": "bubblewrap", "ok": False, "detail": "bwrap not found on PATH", "fix": "sudo apt-get install bubblewrap", "layers": ["container", "egress"]})
+        out.append(
+            {
+                "name": "bubblewrap",
+                "ok": False,
+                "detail": "bwrap not found on PATH",
+                "fix": "sudo apt-get install bubblewrap",
+                "layers": ["container", "egress"],
+            }
+        )
     userns = _host.userns_check()
-    out.append({"name": userns.name, "ok": userns.ok, "detail": userns.detail, "fix": userns.fix, "layers": ["container", "egress"]})
+    out.append(
+        {
+            "name": userns.name,
+            "ok": userns.ok,
+            "detail": userns.detail,
+            "fix": userns.fix,
+            "layers": ["container", "egress"],
+        }
+    )
     abi = _host.landlock_abi()
-    out.append({
-        "name": "landlock",
-        "ok": abi >= 1,
-        "detail": f"ABI {abi}" + (" (abstract unix socket and signal scoping)" if abi >= 6 else "") if abi else "not available",
-        "fix": "" if abi else "kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= boot parameter",
-        "layers": ["files"],
-    })
+    out.append(
+        {
+            "name": "landlock",
+            "ok": abi >= 1,
+            "detail": f"ABI {abi}"
+            + (" (abstract unix socket and signal scoping)" if abi >= 6 else "")
+            if abi
+            else "not available",
+            "fix": ""
+            if abi
+            else "kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= boot parameter",
+            "layers": ["files"],
+        }
+    )
     seccomp = _host.seccomp_available()
-    out.append({"name": "seccomp", "ok": seccomp, "detail": "filters supported" if seccomp else "not available",
-                "fix": "" if seccomp else "kernel with CONFIG_SECCOMP_FILTER=y", "layers": ["syscalls"]})
+    out.append(
+        {
+            "name": "seccomp",
+            "ok": seccomp,
+            "detail": "filters supported" if seccomp else "not available",
+            "fix": "" if seccomp else "kernel with CONFIG_SECCOMP_FILTER=y",
+            "layers": ["syscalls"],
+        }
+    )
     cg = _host.cgroup_delegation()
-    out.append({
-        "name": "limits",
-        "ok": True,
-        "detail": ("cgroup v2: " + cg.detail) if cg.ok else f"rlimits (per process; no delegated cgroup: {cg.detail})",
-        "fix": cg.fix,
-        "layers": ["limits"],
-    })
+    out.append(
+        {
+            "name": "limits",
+            "ok": True,
+            "detail": ("cgroup v2: " + cg.detail)
+            if cg.ok
+            else f"rlimits (per process; no delegated cgroup: {cg.detail})",
+            "fix": cg.fix,
+            "layers": ["limits"],
+        }
+    )
     return out
 
 

@@ -1,17 +1,89 @@
-"""``stockade proxy``: the egress proxy on its own (provided by the egress layer)."""
+"""``stockade proxy``: the egress proxy on its own, until SIGINT or SIGTERM.
+
+The proxy serves HTTP (forward and CONNECT) and SOCKS5 on one listener, allows only the
+hosts of the policy's ``[network]`` section plus ``--allow-host``, and writes one audit
+event per connection and per forwarded request.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import resource
+import signal
 import sys
+import uuid
+from pathlib import Path
+
+from stockade._exceptions import SandboxError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``proxy``."""
-    parser.add_argument("--listen", required=True, help="unix:PATH or tcp:127.0.0.1:PORT")
+    parser.add_argument(
+        "--listen", required=True, metavar="ADDR", help="unix:PATH or tcp:127.0.0.1:PORT"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional :port)",
+    )
+    parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file ([network])")
+    parser.add_argument("--audit", type=Path, metavar="FILE", help="append JSONL events here")
+    parser.add_argument("--quiet", action="store_true", help="do not print events to stderr")
+
+
+def _raise_fd_limit() -> None:
+    # Each tunnel holds two descriptors; the default soft limit (1024) caps concurrency.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Refuse clearly until the egress layer lands."""
-    print("stockade proxy: the egress proxy is not part of this build", file=sys.stderr)
-    return 125
+    """Run the proxy until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad listen address."""
+    from stockade.audit._log import AuditLog
+    from stockade.egress import EgressProxy, EgressRules, bind_listener
+    from stockade.policy import load_policy
+
+    policy = load_policy(args.policy, workspace=Path.cwd())
+    rules = EgressRules.from_policy(policy.network, extra_allow=tuple(args.allow_host))
+    audit = AuditLog(f"proxy-{uuid.uuid4().hex[:12]}", args.audit)
+    if not args.quiet:
+        audit.subscribe(_print_event)
+    try:
+        sock, path = bind_listener(args.listen)
+    except ValueError as exc:
+        print(f"stockade proxy: --listen {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        raise SandboxError(f"cannot listen on {args.listen}: {exc.strerror}") from None
+    _raise_fd_limit()
+    proxy = EgressProxy(rules, audit)
+    print(f"stockade proxy: listening on {args.listen}", file=sys.stderr, flush=True)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, proxy.close)
+        await proxy.serve_socket(sock)
+
+    try:
+        asyncio.run(main())
+    finally:
+        if path is not None:
+            path.unlink(missing_ok=True)
+        audit.close()
+    return 0
+
+
+def _print_event(event: dict[str, object]) -> None:
+    print(
+        f"{event.get('event')} {event.get('verdict')} {event.get('reason')} "
+        f"{event.get('protocol')} {event.get('host')}:{event.get('port')} "
+        f"{event.get('address') or '-'} up={event.get('bytes_up')} down={event.get('bytes_down')}",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -12,9 +12,25 @@ from stockade.policy import LAYERS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``run``."""
     parser.usage = "stockade run [OPTIONS] -- COMMAND [ARGS...]"
-    parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file (default: search order, see docs/policy.md)")
-    parser.add_argument("--workspace", type=Path, metavar="DIR", help="read-write root (default: policy, else current directory)")
-    parser.add_argument("--allow-host", action="append", default=[], metavar="HOST", help="add a host to network.allow (repeatable)")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="policy file (default: search order, see docs/policy.md)",
+    )
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        metavar="DIR",
+        help="read-write root (default: policy, else current directory)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="add a host to network.allow (repeatable)",
+    )
     parser.add_argument(
         "--disable",
         action="append",
@@ -23,9 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=LAYERS,
         help=f"switch a layer off for this run (repeatable): {', '.join(LAYERS)}",
     )
-    parser.add_argument("--audit", type=Path, metavar="FILE", help="append audit events to FILE (default: one file per run in ~/.local/state/stockade/runs)")
-    parser.add_argument("--timeout", type=float, metavar="S", help="kill the whole sandbox after S seconds (exit 124)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    parser.add_argument(
+        "--audit",
+        type=Path,
+        metavar="FILE",
+        help="append audit events to FILE (default: one file per run in ~/.local/state/stockade/runs)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="kill the whole sandbox after S seconds (exit 124)",
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the command and its arguments, after --"
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -40,10 +68,16 @@ def execute(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("stockade run: no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]", file=sys.stderr)
+        print(
+            "stockade run: no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     if args.timeout is not None and args.timeout <= 0:
-        print(f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds", file=sys.stderr)
+        print(
+            f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds",
+            file=sys.stderr,
+        )
         return 2
     policy = load_policy(args.policy, workspace=args.workspace, extra_allow=tuple(args.allow_host))
     if args.disable:

@@ -47,6 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -134,6 +136,10 @@ struct spec {
 	const char *deny_probe;
 	const unsigned char *bpf;
 	size_t bpf_len;
+	int ctty;
+	int drop_caps;
+	struct { int resource; rlim_t value; } rlimits[9];
+	size_t n_rlimits;
 };
 
 static int g_debug;
@@ -270,6 +276,33 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 		case 'S': s->scope = parse_flag(v, "S"); break;
 		case 'E': s->seccomp_expected = parse_flag(v, "E"); break;
 		case 'D': s->debug = parse_flag(v, "D"); break;
+		case 'T': s->ctty = parse_flag(v, "T"); break;
+		case 'C': s->drop_caps = parse_flag(v, "C"); break;
+		case 'l': {
+			/* l=NAME:VALUE, an rlimit set as both soft and hard limit. */
+			static const struct { const char *name; int resource; } names[] = {
+				{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS}, {"fsize", RLIMIT_FSIZE},
+				{"cpu", RLIMIT_CPU}, {"nofile", RLIMIT_NOFILE}, {"core", RLIMIT_CORE},
+				{"data", RLIMIT_DATA},
+			};
+			const char *colon = strchr(v, ':');
+			char *vend;
+			int resource = -1;
+			for (size_t i = 0; colon && i < sizeof names / sizeof names[0]; i++)
+				if (strlen(names[i].name) == (size_t)(colon - v) &&
+				    strncmp(names[i].name, v, (size_t)(colon - v)) == 0)
+					resource = names[i].resource;
+			if (resource < 0 || s->n_rlimits == sizeof s->rlimits / sizeof s->rlimits[0])
+				die("bad spec: rlimit \"%.40s\" unknown or too many; rebuild the spec", v);
+			errno = 0;
+			unsigned long long value = strtoull(colon + 1, &vend, 10);
+			if (errno || *vend || colon[1] == '\0')
+				die("bad spec: rlimit value in \"%.40s\" is not a number; rebuild the spec", v);
+			s->rlimits[s->n_rlimits].resource = resource;
+			s->rlimits[s->n_rlimits].value = (rlim_t)value;
+			s->n_rlimits++;
+			break;
+		}
 		case 'r':
 		case 'w':
 		case 'p':
@@ -542,6 +575,21 @@ int main(int argc, char **argv)
 		die("open(/proc/self/status) failed: %s; mount a fresh /proc (bwrap --proc /proc)",
 		    errname(errno));
 
+	/* Without bubblewrap (container layer off) a caller running as root still holds
+	 * every capability: give them all up, for good, before checking that none is left. */
+	if (s.drop_caps) {
+		for (int cap = 0; cap <= 63; cap++)
+			if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+				die("prctl(PR_CAPBSET_DROP, %d) failed: %s", cap, errname(errno));
+		if (prctl(PR_CAP_AMBIENT, 4 /* PR_CAP_AMBIENT_CLEAR_ALL */, 0, 0, 0) != 0 && errno != EINVAL)
+			die("prctl(PR_CAP_AMBIENT_CLEAR_ALL) failed: %s", errname(errno));
+		struct { uint32_t version; int pid; } hdr = {0x20080522 /* _LINUX_CAPABILITY_VERSION_3 */, 0};
+		struct { uint32_t effective, permitted, inheritable; } data[2];
+		memset(data, 0, sizeof data);
+		if (syscall(SYS_capset, &hdr, data) != 0)
+			die("capset(0) failed: %s", errname(errno));
+	}
+
 	/* (a) A capability left over (root without --cap-drop ALL, a file cap, an ambient
 	 * set) would let the command undo every layer below, e.g. by mounting over paths. */
 	read_status(status_fd, status, sizeof status);
@@ -551,6 +599,29 @@ int main(int argc, char **argv)
 	if (eff || prm || amb)
 		die("capabilities remain (CapEff=%llx CapPrm=%llx CapAmb=%llx); run bwrap with --cap-drop ALL or as an unprivileged user",
 		    eff, prm, amb);
+
+	/* Limits before anything else runs in this process tree: rlimits are inherited by
+	 * every child, and an unprivileged process can lower but never raise them again. */
+	for (size_t i = 0; i < s.n_rlimits; i++) {
+		struct rlimit rl = {s.rlimits[i].value, s.rlimits[i].value}, got;
+		if (setrlimit(s.rlimits[i].resource, &rl) != 0)
+			die("setrlimit(%d, %llu) failed: %s; lower the limit in [limits] or run with --disable limits",
+			    s.rlimits[i].resource, (unsigned long long)s.rlimits[i].value, errname(errno));
+		if (getrlimit(s.rlimits[i].resource, &got) != 0 || got.rlim_cur != rl.rlim_cur)
+			die("verification failed: rlimit %d is not %llu after setrlimit; report a kernel bug",
+			    s.rlimits[i].resource, (unsigned long long)rl.rlim_cur);
+	}
+
+	/* A pty of its own as controlling terminal (interactive runs): job control works,
+	 * and the terminal that TIOCSTI could reach is the sandbox's own. bwrap may have
+	 * made us a session leader already (--new-session), so EPERM from setsid is fine. */
+	if (s.ctty) {
+		if (setsid() < 0 && errno != EPERM)
+			die("setsid() failed: %s", errname(errno));
+		if (ioctl(0, TIOCSCTTY, 0) != 0)
+			die("ioctl(TIOCSCTTY) on stdin failed: %s; stdin must be the sandbox's pty",
+			    errname(errno));
+	}
 
 	/* (b) no_new_privs: setuid/setgid bits and file caps stop granting privilege on
 	 * exec, and it is the precondition for unprivileged Landlock and seccomp. */

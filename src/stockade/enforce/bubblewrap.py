@@ -115,7 +115,8 @@ def build_argv(
     if not plan.isolate:
         # Only a private network namespace: the container layer is off, but egress still
         # needs a namespace with nothing in it but loopback.
-        argv += ["--unshare-user", "--unshare-net", "--bind", "/", "/", "--dev-bind", "/dev", "/dev"]
+        argv += ["--unshare-user", "--unshare-net", "--cap-drop", "ALL"]
+        argv += ["--bind", "/", "/", "--dev-bind", "/dev", "/dev"]
         argv += ["--proc", "/proc", "--die-with-parent"]
         for host, inside in plan.files:
             argv += ["--ro-bind", str(host), inside]

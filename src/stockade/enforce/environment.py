@@ -22,7 +22,17 @@ from stockade.policy import EnvPolicy
 from stockade.policy._credentials import looks_like_credential
 
 #: Names always taken from the caller when set.
-BASE_NAMES: tuple[str, ...] = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "COLORTERM")
+BASE_NAMES: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "COLORTERM",
+)
 _LC = re.compile(r"^LC_[A-Z]+$")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 

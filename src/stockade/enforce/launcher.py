@@ -72,6 +72,12 @@ class LauncherSpec:
     seccomp_expected: bool = False
     deny_probe: str | None = None
     debug: bool = False
+    #: rlimits set as soft and hard limit: "nproc", "as", "data", "fsize", "cpu", "nofile", "core"
+    rlimits: tuple[tuple[str, int], ...] = ()
+    #: make stdin (the sandbox's own pty) the controlling terminal of a new session
+    ctty: bool = False
+    #: give up every capability first (the container layer is off and the caller is root)
+    drop_caps: bool = False
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -96,6 +102,14 @@ def serialize(spec: LauncherSpec) -> bytes:
     out.append(rec("S", str(int(spec.scope))))
     out.append(rec("E", str(int(spec.seccomp_expected or spec.seccomp_bpf is not None))))
     out.append(rec("D", str(int(spec.debug))))
+    if spec.ctty:
+        out.append(rec("T", "1"))
+    if spec.drop_caps:
+        out.append(rec("C", "1"))
+    for name, value in spec.rlimits:
+        if name not in ("nproc", "as", "fsize", "cpu", "nofile", "core", "data") or value < 0:
+            raise ValueError(f"launcher spec: rlimit {name}={value} is not valid")
+        out.append(rec("l", f"{name}:{value}"))
     out += [rec("r", path(p)) for p in spec.read_paths]
     out += [rec("w", path(p)) for p in spec.write_paths]
     if spec.deny_probe is not None:

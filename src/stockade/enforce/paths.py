@@ -167,10 +167,10 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             continue  # a relative PATH entry would resolve inside the sandbox anyway
         try:
             real = Path(entry).resolve()
+            if not real.is_dir():
+                continue
         except (OSError, RuntimeError):
-            continue
-        if not real.is_dir():
-            continue
+            continue  # unreadable (another user's home) or a symlink loop: nothing to bind
         root = _toolchain_root(real)
         if root is not None:
             add(root)
@@ -188,13 +188,16 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             names = []
         for name in names:
             link = real / name
-            if not link.is_symlink():
+            try:
+                if not link.is_symlink():
+                    continue
+            except OSError:
                 continue
             try:
                 target = link.resolve()
+                if not target.exists() or not _is_within(target, home):
+                    continue
             except (OSError, RuntimeError):
-                continue
-            if not target.exists() or not _is_within(target, home):
                 continue
             add(target.parent.parent if target.parent.name == "bin" else target)
     return tuple(out)

@@ -35,6 +35,9 @@ class Reason(enum.StrEnum):
     BAD_REQUEST = "bad-request"
     UNSUPPORTED_PROTOCOL = "unsupported-protocol"
     SNI_MISMATCH = "sni-mismatch"
+    SNI_MISSING = "sni-missing"
+    HANDSHAKE_TIMEOUT = "handshake-timeout"
+    CONNECTION_LIMIT = "connection-limit"
     NOT_TLS = "not-tls"
     UPSTREAM_FAILED = "upstream-failed"
     # inspect
@@ -43,7 +46,7 @@ class Reason(enum.StrEnum):
     RULE_DENIED = "rule-denied"
     NO_RULE_MATCHED = "no-rule-matched"
     FOREIGN_CREDENTIAL = "foreign-credential"
-    SECRET_WRONG_HOST = "secret-wrong-host"
+    SECRET_WRONG_HOST = "secret-wrong-host"  # noqa: S105 - a reason, not a secret
     LABELLED_DATA = "labelled-data"
     BODY_TOO_LARGE = "body-too-large"
     # files / container / syscalls / secrets / limits

@@ -66,18 +66,18 @@ def load_policy(
     cwd = Path.cwd()
     ws_override = _resolve(workspace, cwd) if workspace is not None else None
     if path is not None:
-        if not path.is_file():
+        if not _is_file(path):
             raise PolicyError(f"{path}: no such policy file; check the --policy argument")
         raw = _read(path)
         policy = _build(raw, str(path), base=None, cwd=cwd, ws_override=ws_override)
     else:
         user = user_policy_path()
-        if user.is_file():
+        if _is_file(user):
             base = _build(_read(user), str(user), base=None, cwd=cwd, ws_override=ws_override)
         else:
             base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override)
         ws_file = base.filesystem.workspace / WORKSPACE_POLICY
-        if ws_file.is_file():
+        if _is_file(ws_file):
             policy = _build(
                 _read(ws_file),
                 str(ws_file),
@@ -97,14 +97,26 @@ def load_policy(
     return policy
 
 
-def parse_policy_text(text: str, source: str = "<string>", *, workspace: Path | None = None) -> Policy:
+def parse_policy_text(
+    text: str, source: str = "<string>", *, workspace: Path | None = None
+) -> Policy:
     """Validate a policy given as TOML text (no composition); used by tools and tests."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: not valid TOML: {exc}") from exc
     cwd = Path.cwd()
-    return _build(raw, source, base=None, cwd=cwd, ws_override=_resolve(workspace, cwd) if workspace else None)
+    return _build(
+        raw, source, base=None, cwd=cwd, ws_override=_resolve(workspace, cwd) if workspace else None
+    )
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, but a file we may not even look at is an error, not "absent"."""
+    try:
+        return path.is_file()
+    except PermissionError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}; fix its permissions") from exc
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -161,7 +173,9 @@ class _Validator:
                     raise self.fail(f"{name}.{key}", sub, f"unknown key; [{name}] takes {known}")
         version = raw.get("version", 1)
         if version != 1 or isinstance(version, bool):
-            raise self.fail("version", version, "unsupported schema version; this stockade reads version = 1")
+            raise self.fail(
+                "version", version, "unsupported schema version; this stockade reads version = 1"
+            )
 
     def strs(self, key: str, value: object) -> tuple[str, ...]:
         if not isinstance(value, list):
@@ -207,7 +221,9 @@ class _Validator:
         except ValueError as exc:
             raise self.fail(key, value, str(exc)) from None
         if size == 0:
-            raise self.fail(key, value, "a size of 0 would stop everything; turn the limits layer off instead")
+            raise self.fail(
+                key, value, "a size of 0 would stop everything; turn the limits layer off instead"
+            )
         return size
 
     def boolean(self, key: str, value: object) -> bool:
@@ -217,19 +233,13 @@ class _Validator:
 
 
 def _check_host_pattern(text: str, key: str, source: str) -> None:
-    """Validate a network.allow/deny entry (full host-pattern rules live in _hosts)."""
+    """Validate a network.allow/deny entry with the same parser the proxy uses."""
+    from stockade.policy._hosts import parse_pattern
+
     try:
-        from stockade.policy._hosts import parse_pattern
-    except ImportError:  # pragma: no cover - the module ships with the egress layer
-        parse_pattern = None
-    if parse_pattern is not None:
-        try:
-            parse_pattern(text)
-        except ValueError as exc:
-            raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
-        return
-    if text.strip() in ("*", "*.*", ""):
-        raise PolicyError(f'{source}: {key}: "{text}": a bare wildcard allows every host; list the hosts')
+        parse_pattern(text)
+    except ValueError as exc:
+        raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
 
 
 def _build(
@@ -298,11 +308,21 @@ def _build(
         if _spelled(spelled, ws_base) != workspace:
             notes.append(f"filesystem.workspace: {spelled} resolves to {workspace}")
     if not workspace.is_dir():
-        raise v.fail("filesystem.workspace", str(workspace), "not a directory; create it or fix the path")
+        raise v.fail(
+            "filesystem.workspace", str(workspace), "not a directory; create it or fix the path"
+        )
     if workspace == Path("/"):
-        raise v.fail("filesystem.workspace", str(workspace), "the workspace would be the whole system; choose a project directory")
+        raise v.fail(
+            "filesystem.workspace",
+            str(workspace),
+            "the workspace would be the whole system; choose a project directory",
+        )
     if workspace == home:
-        raise v.fail("filesystem.workspace", str(workspace), "the workspace would be your whole home directory; choose a project directory")
+        raise v.fail(
+            "filesystem.workspace",
+            str(workspace),
+            "the workspace would be your whole home directory; choose a project directory",
+        )
 
     def paths(key: str) -> tuple[Path, ...]:
         out: list[Path] = []
@@ -333,7 +353,11 @@ def _build(
     protect = v.strs("filesystem.protect", fs.get("protect", []))
     for i, item in enumerate(protect):
         if Path(item).is_absolute() or ".." in Path(item).parts:
-            raise v.fail(f"filesystem.protect[{i}]", item, "must be a path inside the workspace, relative to it")
+            raise v.fail(
+                f"filesystem.protect[{i}]",
+                item,
+                "must be a path inside the workspace, relative to it",
+            )
 
     # --- env --------------------------------------------------------------------
     passes: list[EnvPass] = []
@@ -347,7 +371,11 @@ def _build(
         elif isinstance(item, dict):
             extra = set(item) - {"name", "allow_secret"}
             if extra:
-                raise v.fail(key, item, f"unknown key {sorted(extra)[0]!r}; an entry takes name and allow_secret")
+                raise v.fail(
+                    key,
+                    item,
+                    f"unknown key {sorted(extra)[0]!r}; an entry takes name and allow_secret",
+                )
             name = item.get("name")
             if not isinstance(name, str):
                 raise v.fail(key, item, 'expected { name = "X", allow_secret = true }')
@@ -358,7 +386,8 @@ def _build(
             raise v.fail(key, entry.name, "not a valid environment variable name")
         if looks_like_credential(entry.name) and not entry.allow_secret:
             raise v.fail(
-                key, entry.name,
+                key,
+                entry.name,
                 "looks like a credential and would be readable by everything in the sandbox; "
                 f'write {{ name = "{entry.name}", allow_secret = true }} if that is intended',
             )
@@ -383,7 +412,9 @@ def _build(
     raw_ports = net.get("tls_ports", [443])
     if not isinstance(raw_ports, list):
         raise v.fail("network.tls_ports", raw_ports, "expected a list of port numbers, e.g. [443]")
-    tls_ports = tuple(v.integer(f"network.tls_ports[{i}]", p, minimum=1) for i, p in enumerate(raw_ports))
+    tls_ports = tuple(
+        v.integer(f"network.tls_ports[{i}]", p, minimum=1) for i, p in enumerate(raw_ports)
+    )
     for i, port in enumerate(tls_ports):
         if port > 65535:
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
@@ -400,7 +431,10 @@ def _build(
 
     # --- layers -----------------------------------------------------------------
     layers = LayersPolicy(
-        **{f.name: v.boolean(f"layers.{f.name}", lay.get(f.name, True)) for f in fields(LayersPolicy)}
+        **{
+            f.name: v.boolean(f"layers.{f.name}", lay.get(f.name, True))
+            for f in fields(LayersPolicy)
+        }
     )
 
     policy = Policy(
@@ -436,14 +470,15 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
     workspace = base.filesystem.workspace
     if "workspace" in fs and not _covered(ws.filesystem.workspace, (workspace,)):
         raise v.fail(
-            "filesystem.workspace", fs["workspace"],
+            "filesystem.workspace",
+            fs["workspace"],
             "a workspace policy can only narrow the workspace to a directory inside it",
         )
     for p in ws.filesystem.read:
         if not _covered(p, base.filesystem.read + base.filesystem.write + (workspace,)):
             raise v.fail("filesystem.read", str(p), _WIDEN_FIX)
     for p in ws.filesystem.write:
-        if not _covered(p, base.filesystem.write + (workspace,)):
+        if not _covered(p, (*base.filesystem.write, workspace)):
             raise v.fail("filesystem.write", str(p), _WIDEN_FIX)
     base_pass = {e.name: e for e in base.env.pass_}
     for e in ws.env.pass_:

@@ -48,10 +48,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "set": Key("str_map", "{}", "names set to fixed values"),
     },
     "network": {
-        "allow": Key("strs", "[]", 'hosts the proxy may reach: "host", "*.suffix", "host:port", IPs, CIDRs'),
+        "allow": Key(
+            "strs", "[]", 'hosts the proxy may reach: "host", "*.suffix", "host:port", IPs, CIDRs'
+        ),
         "deny": Key("strs", "[]", "hosts never reached; wins over allow"),
         "hosts": Key("str_map", "{}", 'pin a name to an address: "name.test" = "127.0.0.1"'),
-        "tls_ports": Key("ports", "[443]", "ports on which a tunnel must carry TLS whose SNI matches"),
+        "tls_ports": Key(
+            "ports", "[443]", "ports on which a tunnel must carry TLS whose SNI matches"
+        ),
     },
     "limits": {
         "pids": Key("count", "512", "most processes and threads at once"),
@@ -108,7 +112,12 @@ def reference_markdown() -> str:
             lines.append(f"{name} = {key.default:<8} # {key.help}")
     lines += ["```", ""]
     for section, keys in SCHEMA.items():
-        lines += [f"## `[{section}]`", "", "| key | kind | default | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"## `[{section}]`",
+            "",
+            "| key | kind | default | meaning |",
+            "|---|---|---|---|",
+        ]
         for name, key in keys.items():
             lines.append(f"| `{name}` | {key.kind} | `{key.default}` | {key.help} |")
         lines.append("")

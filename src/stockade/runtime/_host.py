@@ -59,11 +59,27 @@ def userns_check() -> Check:
     """Whether bwrap can create an unprivileged user namespace here."""
     bwrap = find_bwrap()
     if bwrap is None:
-        return Check("user namespaces", False, "bwrap not installed", "sudo apt-get install bubblewrap")
+        return Check(
+            "user namespaces", False, "bwrap not installed", "sudo apt-get install bubblewrap"
+        )
     proc = subprocess.run(
-        [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--disable-userns",
-         "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
-        capture_output=True, text=True, check=False,
+        [
+            bwrap,
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--disable-userns",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--",
+            "/bin/true",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode == 0:
         return Check("user namespaces", True, "bwrap can create user, pid and net namespaces")
@@ -110,7 +126,12 @@ def cgroup_delegation() -> Check:
         return Check("cgroup v2", False, "cannot read /proc/self/cgroup")
     unified = next((line.split(":", 2)[2] for line in rel if line.startswith("0::")), None)
     if unified is None:
-        return Check("cgroup v2", False, "no unified cgroup hierarchy", "boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)")
+        return Check(
+            "cgroup v2",
+            False,
+            "no unified cgroup hierarchy",
+            "boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)",
+        )
     mount = Path("/sys/fs/cgroup")
     if not (mount / "cgroup.controllers").exists():
         mount = Path("/sys/fs/cgroup/unified")
@@ -118,13 +139,22 @@ def cgroup_delegation() -> Check:
     try:
         controllers = (base / "cgroup.controllers").read_text().split()
     except OSError:
-        return Check("cgroup v2", False, f"{base} has no cgroup.controllers", "use a systemd user session with delegation")
+        return Check(
+            "cgroup v2",
+            False,
+            f"{base} has no cgroup.controllers",
+            "use a systemd user session with delegation",
+        )
     missing = [c for c in ("pids", "memory") if c not in controllers]
     writable = os.access(base / "cgroup.subtree_control", os.W_OK)
     if missing or not writable:
-        why = f"controllers {', '.join(missing)} not delegated" if missing else f"{base} not writable"
+        why = (
+            f"controllers {', '.join(missing)} not delegated" if missing else f"{base} not writable"
+        )
         return Check(
-            "cgroup v2", False, why,
+            "cgroup v2",
+            False,
+            why,
             "limits fall back to rlimits; for per-sandbox pids/memory caps run under "
             "'systemd-run --user --scope -p Delegate=yes'",
         )

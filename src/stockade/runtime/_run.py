@@ -10,7 +10,6 @@ terminal, wait (killing the whole tree on timeout), clean up and audit the end.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import shutil
@@ -21,7 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,7 +110,10 @@ def _require_layers(policy: Policy) -> str | None:
     if layers.files:
         _host.require_landlock()
     if layers.syscalls and not _host.seccomp_available():
-        raise Unavailable("seccomp (syscalls layer)", "use a kernel with CONFIG_SECCOMP_FILTER, or run with --disable syscalls")
+        raise Unavailable(
+            "seccomp (syscalls layer)",
+            "use a kernel with CONFIG_SECCOMP_FILTER, or run with --disable syscalls",
+        )
     return bwrap
 
 
@@ -179,13 +181,25 @@ def _execute(
         cwd=str(cwd),
     )
     for note in policy.notes:
-        audit.emit("policy_note", layer="files", verdict="report", reason="path-resolved", detail=note)
+        audit.emit(
+            "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
+        )
 
+    # The proxy is needed when the egress layer is on and the policy allows anything;
+    # with nothing allowed the sandbox simply has an empty network namespace.
+    needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
+    extra_env: dict[str, str] = {}
+    if needs_proxy:
+        from stockade.runtime import _egress
+
+        extra_env.update(_egress.proxy_env())
     env_plan = environment.build_environment(
-        caller_env, policy.env, home=str(home), enabled=layers.secrets
+        caller_env, policy.env, home=str(home), enabled=layers.secrets, extra=extra_env
     )
     for name in env_plan.withheld_credentials:
-        audit.decision("denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name)
+        audit.decision(
+            "denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name
+        )
 
     protection = paths.Protection((), (), ())
     returncode = 0
@@ -194,18 +208,18 @@ def _execute(
     stderr_data: bytes | None = None
     try:
         with _scratch() as scratch:
+            try:
+                deny = paths.expand_deny(fs.deny, workspace, (*fs.read, *fs.write))
+            except TimeoutError as exc:
+                raise SandboxError(
+                    f"filesystem.deny: expanding {exc.args[0]!r} took more than "
+                    f"{paths.DENY_GLOB_BUDGET_S:g}s; make the glob narrower"
+                ) from None
+            toolchains = paths.toolchain_paths(
+                caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
+            )
             if layers.container:
-                try:
-                    deny = paths.expand_deny(fs.deny, workspace, (*fs.read, *fs.write))
-                except TimeoutError as exc:
-                    raise SandboxError(
-                        f"filesystem.deny: expanding {exc.args[0]!r} took more than "
-                        f"{paths.DENY_GLOB_BUDGET_S:g}s; make the glob narrower"
-                    ) from None
                 protection = paths.protect_paths(workspace, fs.protect)
-                toolchains = paths.toolchain_paths(
-                    caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
-                )
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace,
                     home=home,
@@ -221,6 +235,20 @@ def _execute(
                 )
                 child_env = env_plan.env
             else:
+                if deny.files or deny.dirs:
+                    # Landlock only grants; hiding a path inside a granted area needs the
+                    # container's masks. Refuse rather than expose a denied file.
+                    raise Unavailable(
+                        f"filesystem.deny without the container layer (matches {(*deny.files, *deny.dirs)[0]})",
+                        "keep the container layer on, or remove the deny entries that match",
+                    )
+                audit.emit(
+                    "layer_note",
+                    layer="container",
+                    verdict="report",
+                    reason="path-protected",
+                    detail="protected paths (.git/hooks, .claude/, ...) need the container layer; they are writable in this run",
+                )
                 # Without the container the command sees the host's file system; it
                 # gets scratch HOME and TMPDIR so that well-behaved tools stay inside
                 # what the files layer grants.
@@ -230,24 +258,57 @@ def _execute(
                 child_env["HOME"] = str(scratch / "home")
                 child_env["TMPDIR"] = str(scratch / "tmp")
                 plan = bubblewrap.ContainerPlan(
-                    workspace=workspace, home=home, isolate=False, cwd=cwd
+                    workspace=workspace, home=home, toolchains=toolchains, isolate=False, cwd=cwd
                 )
             if _resolve_command(request.argv, child_env, cwd) is None:
-                audit.emit("run_end", returncode=EXIT_NOT_FOUND, duration=time.monotonic() - started,
-                           reason="command-not-found")
+                audit.emit(
+                    "run_end",
+                    returncode=EXIT_NOT_FOUND,
+                    duration=time.monotonic() - started,
+                    reason="command-not-found",
+                )
                 print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
-                return RunResult(list(request.argv), EXIT_NOT_FOUND, audit.run_id,
-                                 events=audit.events, audit_path=audit.path,
-                                 duration=time.monotonic() - started)
+                return RunResult(
+                    list(request.argv),
+                    EXIT_NOT_FOUND,
+                    audit.run_id,
+                    events=audit.events,
+                    audit_path=audit.path,
+                    duration=time.monotonic() - started,
+                )
             command = list(request.argv)
+            use_pty = _wants_pty(request)
+            launcher_fd = -1
+            if layers.files or layers.syscalls or layers.limits or use_pty or not layers.container:
+                prefix, launcher_fd = _launcher(policy, plan, scratch, use_pty)
+                if bwrap is not None and (layers.container or layers.egress):
+                    plan = replace(plan, files=(*plan.files, (Path(prefix[0]), LAUNCHER_INSIDE)))
+                    prefix = [LAUNCHER_INSIDE, *prefix[1:]]
+                command = [*prefix, *command]
+            start: _Start | None = None
+            if needs_proxy:
+                start = _Start(policy, audit)
             if bwrap is not None and (layers.container or layers.egress):
-                argv = bubblewrap.build_argv(plan, command, bwrap=bwrap)
+                argv = bubblewrap.build_argv(
+                    plan,
+                    command,
+                    bwrap=bwrap,
+                    info_fd=start.info_w if start else None,
+                    block_fd=start.block_r if start else None,
+                )
                 depth = 2 if plan.isolate else 1
             else:
                 argv, depth = command, 0
-            returncode, timed_out, stdout_data, stderr_data = _spawn(
-                argv, child_env, cwd, request, depth
-            )
+            fds = [fd for fd in (launcher_fd, *(start.child_fds() if start else ())) if fd >= 0]
+            try:
+                returncode, timed_out, stdout_data, stderr_data = _spawn(
+                    argv, child_env, cwd, request, depth, use_pty, tuple(fds), start
+                )
+            finally:
+                if launcher_fd >= 0:
+                    os.close(launcher_fd)
+                if start is not None:
+                    start.close()
     finally:
         left = paths.remove_placeholders(protection.created)
         for path in left:
@@ -277,6 +338,66 @@ def _execute(
     )
 
 
+LAUNCHER_INSIDE = f"{bubblewrap.STOCKADE_DIR}/launcher"
+
+
+def _wants_pty(request: RunRequest) -> bool:
+    return (
+        request.allow_pty
+        and request.stdin is None
+        and request.input is None
+        and not request.capture_output
+        and sys.stdin.isatty()
+    )
+
+
+def _launcher(
+    policy: Policy,
+    plan: bubblewrap.ContainerPlan,
+    scratch: Path,
+    ctty: bool,
+) -> tuple[list[str], int]:
+    """Build the inner launcher's spec for this run; return its argv prefix and spec fd."""
+    from stockade.enforce import launcher, seccomp
+
+    layers = policy.layers
+    fs = policy.filesystem
+    system = [p for p in bubblewrap.SYSTEM_PATHS if os.path.exists(p)]
+    if plan.isolate:
+        # Inside the container: the binds are the world; Landlock re-checks them on
+        # the real inodes, so a mistake in the binds is not an escape.
+        scratch_rw = [str(plan.home), "/tmp", "/var/tmp", "/dev/shm"]
+        read = [*system, *map(str, plan.toolchains), "/proc", bubblewrap.STOCKADE_DIR]
+    else:
+        scratch_rw = [str(scratch)]
+        read = [*system, *map(str, plan.toolchains), "/proc"]
+    write = [str(fs.workspace), *map(str, fs.write), *scratch_rw, "/dev"]
+    limits = policy.limits
+    rlimits: list[tuple[str, int]] = []
+    if layers.limits:
+        rlimits += [("fsize", limits.file_size), ("data", limits.memory)]
+        if plan.isolate:
+            # RLIMIT_NPROC counts per user namespace: with the container's own user
+            # namespace it caps this sandbox alone; without it, it would count every
+            # process of the user on the host, so it is only set inside the container.
+            rlimits.append(("nproc", limits.pids))
+        if limits.cpu_seconds:
+            rlimits.append(("cpu", limits.cpu_seconds))
+    spec = launcher.LauncherSpec(
+        read_paths=(*read, *map(str, fs.read)),
+        write_paths=tuple(write),
+        landlock=layers.files,
+        scope=layers.files and _host.landlock_abi() >= 6,
+        seccomp_bpf=seccomp.build_filter() if layers.syscalls else None,
+        seccomp_expected=layers.syscalls,
+        rlimits=tuple(rlimits),
+        ctty=ctty,
+        # bubblewrap drops every capability (--cap-drop ALL); without it, the launcher does.
+        drop_caps=not (layers.container or layers.egress),
+    )
+    return launcher.prepare(spec)
+
+
 def _wall_timeout(request: RunRequest) -> float | None:
     limits = request.policy.limits
     candidates = [t for t in (request.timeout,) if t]
@@ -291,21 +412,17 @@ def _spawn(
     cwd: Path,
     request: RunRequest,
     depth: int,
+    use_pty: bool,
+    pass_fds: tuple[int, ...],
+    start: _Start | None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr)."""
     timeout = _wall_timeout(request)
     if timeout is not None:
         request.timeout = timeout
     stdin = request.stdin
-    use_pty = (
-        request.allow_pty
-        and stdin is None
-        and request.input is None
-        and not request.capture_output
-        and sys.stdin.isatty()
-    )
     if use_pty:
-        return _spawn_pty(argv, env, cwd, request, timeout, depth)
+        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds, start)
     stdout = subprocess.PIPE if request.capture_output else request.stdout
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
@@ -322,9 +439,12 @@ def _spawn(
             # the sandbox can never get the caller's terminal as its controlling tty.
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+    if start is not None:
+        start.release(proc)
     with _forwarding(proc, request.forward_signals, depth):
         try:
             out, err = proc.communicate(request.input, timeout=timeout)
@@ -395,6 +515,8 @@ def _spawn_pty(
     request: RunRequest,
     timeout: float | None,
     depth: int,
+    pass_fds: tuple[int, ...],
+    start: _Start | None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Run with a pty of its own; relay between it and the caller's terminal.
 
@@ -403,7 +525,6 @@ def _spawn_pty(
     """
     import fcntl
     import pty
-    import struct
     import termios
     import tty
 
@@ -418,24 +539,37 @@ def _spawn_pty(
     env = dict(env)
     env.setdefault("TERM", "xterm")
     stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
-    stderr_target: int | IO[Any] = slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+    stderr_target: int | IO[Any] = (
+        slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+    )
     try:
         proc = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=slave, stdout=stdout_target, stderr=stderr_target,
-            start_new_session=True, close_fds=True,
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=slave,
+            stdout=stdout_target,
+            stderr=stderr_target,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
         )
     except OSError as exc:
         os.close(master)
         os.close(slave)
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
     os.close(slave)
+    if start is not None:
+        start.release(proc)
     saved = termios.tcgetattr(in_fd)
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
 
     def resize(_signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
-            fcntl.ioctl(master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8))
+            fcntl.ioctl(
+                master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            )
 
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
@@ -488,9 +622,45 @@ def _spawn_pty(
     return (code if code >= 0 else 128 - code), False, None, None
 
 
-def info_json(fd: int) -> dict[str, Any]:
-    """Read bwrap's ``--info-fd`` JSON document."""
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read()
-    value = json.loads(data or b"{}")
-    return value if isinstance(value, dict) else {}
+class _Start:
+    """The egress start-up handshake with bubblewrap (``--info-fd`` and ``--block-fd``)."""
+
+    def __init__(self, policy: Policy, audit: AuditLog) -> None:
+        from stockade.runtime._egress import ProxyThread
+
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+        self.proxy = ProxyThread(policy, audit)
+
+    def child_fds(self) -> tuple[int, int]:
+        """The pipe ends bubblewrap inherits."""
+        return self.info_w, self.block_r
+
+    def release(self, proc: subprocess.Popen[bytes]) -> None:
+        """Wire the proxy into the sandbox's network namespace, then let the command run.
+
+        On any failure the sandbox is killed before its command ever starts.
+        """
+        from stockade.runtime._egress import read_child_pid
+
+        os.close(self.info_w)
+        os.close(self.block_r)
+        self.info_w = self.block_r = -1
+        try:
+            pid = read_child_pid(self.info_r)
+            self.info_r = -1
+            self.proxy.attach(pid)
+        except BaseException:
+            _kill_tree(proc)
+            raise
+        os.write(self.block_w, b"1")
+        os.close(self.block_w)
+        self.block_w = -1
+
+    def close(self) -> None:
+        """Stop the proxy and close what is left of the pipes."""
+        for fd in (self.info_r, self.info_w, self.block_r, self.block_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.proxy.close()

@@ -1,0 +1,201 @@
+"""Strict HTTP/1.1 pieces of the forward proxy: request heads, targets, headers, replies.
+
+h11 parses the header fields, but it is lenient where a proxy must not be: it accepts bare
+LF line ends, obs-fold continuation lines and ``Content-Length`` next to
+``Transfer-Encoding`` (it keeps both). A proxy and the server behind it that frame one
+message differently is request smuggling, so those are refused here before h11 sees them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import h11
+
+__all__ = [
+    "MAX_HEAD",
+    "BadRequest",
+    "ForwardTarget",
+    "check_head",
+    "error_response",
+    "filter_headers",
+    "find_head_end",
+    "parse_authority",
+    "parse_forward_target",
+    "request_framing",
+]
+
+#: Largest request or response head accepted.
+MAX_HEAD = 64 * 1024
+
+# Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus the proxy's own.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+    }
+)
+
+_BAD_HEAD_BYTES = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
+_REQUEST_START = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]")
+_DIGITS = re.compile(rb"[0-9]{1,18}\Z")
+
+
+class BadRequest(ValueError):
+    """The request is malformed or ambiguous; the client gets 400."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTarget:
+    """An absolute-form ``http://`` request target split for forwarding."""
+
+    host: str  #: as written (normalised later, once)
+    port: int
+    path: bytes  #: origin-form: path and query, never empty
+
+
+def find_head_end(buffer: bytes | bytearray) -> int:
+    """Index just past the blank line ending the head, or -1 when more bytes are needed.
+
+    Raises :class:`BadRequest` as soon as the bytes so far cannot start a valid head, so a
+    client sending garbage is answered at once rather than after a timeout.
+    """
+    if buffer and not _REQUEST_START.match(buffer):
+        raise BadRequest("the request does not start with a method")
+    end = buffer.find(b"\r\n\r\n")
+    scan = buffer if end < 0 else buffer[: end + 4]
+    # A lone CR at the very end may be the first half of CRLF still in flight.
+    probe = scan[:-1] if end < 0 and scan.endswith(b"\r") else scan
+    if _BAD_HEAD_BYTES.search(probe):
+        raise BadRequest("control character, bare CR or bare LF in the request head")
+    if end < 0:
+        if len(buffer) > MAX_HEAD:
+            raise BadRequest("request head too large")
+        return -1
+    if end + 4 > MAX_HEAD:
+        raise BadRequest("request head too large")
+    return end + 4
+
+
+def check_head(head: bytes) -> None:
+    """Refuse obs-fold lines and ambiguous framing in a complete head (CRLF-terminated)."""
+    lines = head[:-4].split(b"\r\n")
+    content_lengths = 0
+    transfer_encoding = False
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t"):
+            raise BadRequest("obsolete line folding in a header")
+        name, _, value = line.partition(b":")
+        name = name.lower()
+        if name == b"content-length":
+            content_lengths += 1
+            if not _DIGITS.match(value.strip(b" \t")):
+                raise BadRequest("Content-Length is not a single number")
+        elif name == b"transfer-encoding":
+            transfer_encoding = True
+    if content_lengths > 1:
+        raise BadRequest("more than one Content-Length")
+    if content_lengths and transfer_encoding:
+        raise BadRequest("both Content-Length and Transfer-Encoding")
+
+
+def parse_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """Split ``host[:port]`` / ``[v6][:port]``; the port is required when no default."""
+    if not authority:
+        raise BadRequest("empty authority")
+    if "@" in authority or "\\" in authority:
+        # Userinfo makes "http://allowed.test@evil.test/" read differently by different
+        # parsers; a proxy request never needs it.
+        raise BadRequest("user information in the authority")
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise BadRequest("unbalanced '[' in the authority")
+        host, rest = authority[: end + 1], authority[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise BadRequest("bytes after ']' in the authority")
+        port_text = rest[1:] if rest else None
+    elif ":" in authority:
+        host, port_text = authority.rsplit(":", 1)
+    else:
+        host, port_text = authority, None
+    if port_text is None:
+        if default_port is None:
+            raise BadRequest("the authority has no port")
+        return host, default_port
+    if not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5:
+        raise BadRequest("the port is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise BadRequest("the port is out of range")
+    return host, port
+
+
+def parse_forward_target(target: bytes) -> ForwardTarget:
+    """Parse an absolute-form ``http://authority/path`` target (h11 checked the bytes)."""
+    if target[:7].lower() != b"http://":
+        if target[:8].lower() == b"https://":
+            raise BadRequest("https:// in a forward request; use CONNECT")
+        raise BadRequest("not an absolute http:// target; this is a proxy")
+    rest = target[7:]
+    cut = len(rest)
+    for mark in (b"/", b"?", b"#"):
+        index = rest.find(mark)
+        if 0 <= index < cut:
+            cut = index
+    authority = rest[:cut].decode("ascii", "strict")
+    host, port = parse_authority(authority, 80)
+    path = rest[cut:].split(b"#", 1)[0]
+    if not path.startswith(b"/"):
+        path = b"/" + path
+    return ForwardTarget(host, port, path)
+
+
+def filter_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Drop hop-by-hop headers, the ones ``Connection`` names, and ``Host``."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection" or name == b"proxy-connection":
+            named.update(token.strip().lower() for token in value.split(b","))
+    return [
+        (name, value)
+        for name, value in headers
+        if name not in HOP_BY_HOP and name not in named and name != b"host"
+    ]
+
+
+def request_framing(request: h11.Request) -> list[tuple[bytes, bytes]]:
+    """The framing header to send upstream for this request's body (h11 re-frames it)."""
+    for name, _ in request.headers:
+        if name == b"transfer-encoding":
+            return [(b"transfer-encoding", b"chunked")]
+    for name, value in request.headers:
+        if name == b"content-length":
+            return [(b"content-length", value)]
+    return []
+
+
+_REASONS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def error_response(status: int, reason: str, detail: str = "") -> bytes:
+    """A complete short response that closes the connection: the body names the reason."""
+    text = f"stockade: {reason}" + (f": {detail}" if detail else "") + "\n"
+    body = text.encode("ascii", "backslashreplace")
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"X-Stockade-Reason: {reason}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body

@@ -1,0 +1,839 @@
+"""The egress proxy: one listener, HTTP forward proxy, CONNECT and SOCKS5, TLS SNI check.
+
+Each accepted connection goes: sniff the first byte (0x05 is SOCKS5, anything else is
+parsed as HTTP) → parse the request strictly → decide the name (no DNS for a denied name)
+→ resolve once → classify each address → dial the vetted address (never the name) → relay.
+Every connection produces exactly one ``net_connect`` audit event, and every forward-proxy
+request one ``net_request`` event, whatever happened (refused, failed, cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from stockade._exceptions import SandboxError
+from stockade.audit._log import AuditLog
+from stockade.egress import _http, _socks
+from stockade.egress._addr import IPAddress
+from stockade.egress._relay import RELAY_BUFFER, relay
+from stockade.egress._rules import LAYER, EgressRules, parse_address
+from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, parse_client_hello
+from stockade.policy._decision import Decision, Reason, Verdict
+from stockade.policy._hosts import ip_literal, normalize_host
+
+__all__ = ["AuditCallback", "EgressProxy", "Resolver"]
+
+logger = logging.getLogger("stockade.egress")
+
+#: Receives every decision with its event fields (``event`` is ``net_connect``/``net_request``).
+AuditCallback = Callable[[Decision, dict[str, Any]], None]
+#: Resolves a normalised name to addresses (the default uses ``loop.getaddrinfo``).
+Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
+
+_READ = 64 * 1024
+_UPSTREAM_READ = 256 * 1024
+_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+_STATUS = {
+    Reason.BAD_HOSTNAME: 400,
+    Reason.BAD_REQUEST: 400,
+    Reason.UNSUPPORTED_PROTOCOL: 400,
+    Reason.RESOLVE_FAILED: 502,
+    Reason.UPSTREAM_FAILED: 502,
+    Reason.CONNECTION_LIMIT: 503,
+    Reason.HANDSHAKE_TIMEOUT: 400,
+}
+_SOCKS_CODE = {
+    Reason.BAD_HOSTNAME: _socks.REPLY_FAILURE,
+    Reason.BAD_REQUEST: _socks.REPLY_FAILURE,
+    Reason.RESOLVE_FAILED: _socks.REPLY_HOST_UNREACHABLE,
+    Reason.UPSTREAM_FAILED: _socks.REPLY_HOST_UNREACHABLE,
+}
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    # Hostile names go into the audit log and error bodies: keep them to one safe line.
+    cleaned = "".join(ch if ch.isprintable() and ch != "\\" else "?" for ch in text[:limit])
+    return cleaned + ("…" if len(text) > limit else "")
+
+
+def _deny(reason: Reason, detail: str = "", rule: str = "") -> Decision:
+    return Decision.deny(LAYER, reason, rule=rule, detail=detail)
+
+
+@dataclass
+class _Record:
+    """What one audit event says; filled in as the connection or request progresses."""
+
+    protocol: str = ""
+    host: str = ""
+    port: int = 0
+    address: str = ""
+    address_class: str = ""
+    decision: Decision | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    started: float = field(default_factory=time.monotonic)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "protocol": self.protocol,
+            "host": self.host,
+            "port": self.port,
+            "address": self.address,
+            "address_class": self.address_class,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "duration": round(time.monotonic() - self.started, 6),
+        }
+        out.update(self.extra)
+        return out
+
+
+class _Closed(Exception):
+    """The client closed its side before the proxy had what it needed."""
+
+
+class _Client:
+    """The accepted socket plus the bytes read from it that nobody consumed yet."""
+
+    __slots__ = ("buffer", "loop", "sock")
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        self.sock = sock
+        self.loop = loop
+        self.buffer = bytearray()
+
+    async def read(self) -> None:
+        data = await self.loop.sock_recv(self.sock, _READ)
+        if not data:
+            raise _Closed
+        self.buffer += data
+
+    async def send(self, data: bytes) -> None:
+        await self.loop.sock_sendall(self.sock, data)
+
+
+class EgressProxy:
+    """The stockade egress proxy for one sandbox (one policy, one or more listeners).
+
+    ``audit`` is an :class:`~stockade.audit.AuditLog` or a callback taking
+    ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
+    about names the rules allow). Timeouts are in seconds.
+    """
+
+    def __init__(
+        self,
+        rules: EgressRules,
+        audit: AuditLog | AuditCallback | None = None,
+        *,
+        resolver: Resolver | None = None,
+        handshake_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        dns_timeout: float = 5.0,
+        idle_timeout: float = 120.0,
+        max_connections: int = 4096,
+        relay_buffer: int = RELAY_BUFFER,
+    ) -> None:
+        self.rules = rules
+        self._audit = audit
+        self._resolver = resolver
+        self.handshake_timeout = handshake_timeout
+        self.connect_timeout = connect_timeout
+        self.dns_timeout = dns_timeout
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self.relay_buffer = relay_buffer
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accept_tasks: set[asyncio.Task[None]] = set()
+        self._listeners: list[socket.socket] = []
+
+    # -- serving ------------------------------------------------------------------------
+
+    async def serve_socket(self, sock: socket.socket) -> None:
+        """Accept connections on an already-listening socket until :meth:`close`.
+
+        The socket is owned by the proxy from now on and closed when serving stops; open
+        connections are closed and their audit events written before this returns.
+        """
+        if self._closed:
+            sock.close()
+            raise SandboxError("the egress proxy is closed; create a new one")
+        sock.setblocking(False)
+        self._listeners.append(sock)
+        inner = asyncio.get_running_loop().create_task(self._accept_loop(sock))
+        self._accept_tasks.add(inner)
+        try:
+            await inner
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not (inner.cancelled() and self.closed) or (
+                current is not None and current.cancelling()
+            ):
+                inner.cancel()
+                raise
+        finally:
+            self._accept_tasks.discard(inner)
+            sock.close()
+            if self.closed:
+                await self.wait_closed()
+
+    async def serve(self, listen: str) -> None:
+        """Listen on ``unix:PATH`` or ``tcp:127.0.0.1:PORT`` and serve until :meth:`close`."""
+        sock, path = bind_listener(listen)
+        try:
+            await self.serve_socket(sock)
+        finally:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def close(self) -> None:
+        """Stop accepting and close every connection (their events are still written)."""
+        self._closed = True
+        for task in list(self._accept_tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for sock in self._listeners:
+            sock.close()
+
+    async def wait_closed(self) -> None:
+        """Wait until every connection task has finished and written its event."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def active_connections(self) -> int:
+        """Connections being handled right now."""
+        return len(self._tasks)
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if self.closed:
+                    return
+                # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
+                # connection waits in the backlog.
+                logger.warning("egress: accept failed: %s", exc.strerror or exc)
+                await asyncio.sleep(0.05)
+                continue
+            if len(self._tasks) >= self.max_connections:
+                record = _Record(protocol="unknown")
+                record.decision = _deny(Reason.CONNECTION_LIMIT, f"{self.max_connections} open")
+                conn.close()
+                self._emit("net_connect", record)
+                continue
+            task = loop.create_task(self._handle(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- audit ---------------------------------------------------------------------------
+
+    def _emit(self, event: str, record: _Record) -> None:
+        decision = record.decision or _deny(Reason.BAD_REQUEST, "no decision was reached")
+        fields = record.fields()
+        try:
+            if isinstance(self._audit, AuditLog):
+                self._audit.decision(event, decision, **fields)
+            elif self._audit is not None:
+                self._audit(decision, {"event": event, **fields})
+        except Exception as exc:
+            # An event that cannot be written means the proxy would run unaudited: stop.
+            logger.error("egress: cannot write audit event, closing the proxy: %s", exc)
+            self.close()
+
+    # -- one connection -------------------------------------------------------------------
+
+    async def _handle(self, sock: socket.socket) -> None:
+        record = _Record()
+        loop = asyncio.get_running_loop()
+        try:
+            sock.setblocking(False)
+            client = _Client(sock, loop)
+            async with asyncio.timeout(self.handshake_timeout):
+                await client.read()
+            if client.buffer[0] == _socks.VERSION:
+                await self._serve_socks(client, record)
+            else:
+                await self._serve_http(client, record)
+        except _Closed:
+            if record.decision is None:
+                record.decision = _deny(Reason.BAD_REQUEST, "client closed before a request")
+        except TimeoutError:
+            if record.decision is None:
+                record.decision = _deny(Reason.HANDSHAKE_TIMEOUT, "no complete request in time")
+        except asyncio.CancelledError:
+            if record.decision is None:
+                record.decision = _deny(Reason.BAD_REQUEST, "proxy closed")
+            raise
+        except OSError as exc:
+            if record.decision is None:
+                record.decision = _deny(Reason.BAD_REQUEST, f"client connection: {exc}")
+        except Exception as exc:
+            # A bug must not become a traceback per connection nor an unaudited one.
+            logger.error("egress: internal error: %s: %s", type(exc).__name__, exc)
+            if record.decision is None or record.decision.allowed:
+                record.decision = _deny(Reason.BAD_REQUEST, f"internal error: {exc}")
+        finally:
+            sock.close()
+            self._emit("net_connect", record)
+
+    async def _vet(self, host_raw: str, port: int, record: _Record) -> IPAddress | None:
+        """Decide, resolve and classify; the address to dial, or None (record says why)."""
+        try:
+            host = normalize_host(host_raw)
+        except ValueError as exc:
+            record.host = _printable(host_raw)
+            record.port = port
+            record.decision = _deny(Reason.BAD_HOSTNAME, str(exc))
+            return None
+        record.host, record.port = host, port
+        if not 1 <= port <= 65535:
+            record.decision = _deny(Reason.BAD_REQUEST, f"port {port} is out of range")
+            return None
+        decision = self.rules.check_name(host, port)
+        if not decision.allowed:
+            record.decision = decision
+            return None
+        literal = ip_literal(host)
+        pin = self.rules.pin(host)
+        if literal is not None:
+            addresses: Sequence[IPAddress] = (literal,)
+        elif pin is not None:
+            addresses = (pin,)
+        else:
+            try:
+                async with asyncio.timeout(self.dns_timeout):
+                    addresses = await self._resolve(host, port)
+            except (OSError, TimeoutError, UnicodeError, ValueError) as exc:
+                record.decision = _deny(Reason.RESOLVE_FAILED, str(exc) or type(exc).__name__)
+                return None
+            if not addresses:
+                record.decision = _deny(Reason.RESOLVE_FAILED, "no addresses")
+                return None
+        first_denied = None
+        for address in addresses:
+            verdict = self.rules.check_address(host, port, address)
+            if verdict.decision.allowed:
+                record.address = str(address)
+                record.address_class = str(verdict.address_class)
+                rule = decision.rule
+                detail = "" if not verdict.decision.rule else f"address by {verdict.decision.rule}"
+                record.decision = Decision(Verdict.ALLOW, LAYER, Reason.ALLOWED, rule, detail)
+                return address
+            if first_denied is None:
+                first_denied = verdict
+        assert first_denied is not None
+        record.address = str(first_denied.address)
+        record.address_class = str(first_denied.address_class)
+        record.decision = first_denied.decision
+        return None
+
+    async def _resolve(self, host: str, port: int) -> Sequence[IPAddress]:
+        if self._resolver is not None:
+            return await self._resolver(host, port)
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+        out: list[IPAddress] = []
+        for info in infos:
+            address = parse_address(str(info[4][0]))
+            if address not in out:
+                out.append(address)
+        return out
+
+    async def _dial(self, address: IPAddress, port: int) -> socket.socket:
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(self.connect_timeout):
+                await asyncio.get_running_loop().sock_connect(sock, (str(address), port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    # -- tunnels (CONNECT and SOCKS5) ---------------------------------------------------
+
+    async def _tunnel(
+        self,
+        client: _Client,
+        record: _Record,
+        host_raw: str,
+        port: int,
+        accept: Callable[[], Awaitable[None]],
+        refuse: Callable[[Decision], Awaitable[None]],
+    ) -> None:
+        address = await self._vet(host_raw, port, record)
+        if address is None:
+            assert record.decision is not None
+            await refuse(record.decision)
+            return
+        accepted = False
+        if self.rules.is_tls_port(port):
+            # The ClientHello only comes after the client hears the tunnel is open; the
+            # upstream is dialled only once its SNI has been checked.
+            await accept()
+            accepted = True
+            if not await self._check_client_hello(client, record):
+                return
+        try:
+            upstream = await self._dial(address, port)
+        except (OSError, TimeoutError) as exc:
+            record.decision = _deny(Reason.UPSTREAM_FAILED, str(exc) or type(exc).__name__)
+            if not accepted:
+                await refuse(record.decision)
+            return
+        try:
+            if not accepted:
+                await accept()
+        except BaseException:
+            upstream.close()
+            raise
+        first = bytes(client.buffer)
+        client.buffer.clear()
+        up, down = await relay(client.sock, upstream, first, self.relay_buffer)
+        record.bytes_up += up
+        record.bytes_down += down
+
+    async def _check_client_hello(self, client: _Client, record: _Record) -> bool:
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                while True:
+                    try:
+                        hello = parse_client_hello(client.buffer)
+                    except NotTLS as exc:
+                        record.decision = _deny(Reason.NOT_TLS, str(exc))
+                        return False
+                    except ClientHelloError as exc:
+                        record.decision = _deny(Reason.SNI_MISMATCH, f"unreadable: {exc}")
+                        return False
+                    if hello is not None:
+                        break
+                    if len(client.buffer) > MAX_CLIENT_HELLO + 1024:
+                        record.decision = _deny(Reason.SNI_MISMATCH, "ClientHello too large")
+                        return False
+                    await client.read()
+        except TimeoutError:
+            record.decision = _deny(Reason.HANDSHAKE_TIMEOUT, "no ClientHello in time")
+            return False
+        except _Closed:
+            record.decision = _deny(Reason.NOT_TLS, "closed before a ClientHello")
+            return False
+        names = hello.server_names
+        if hello.has_ech:
+            # Encrypted ClientHello hides the real name behind the outer one.
+            record.decision = _deny(Reason.SNI_MISMATCH, "encrypted ClientHello hides the name")
+            return False
+        if not names:
+            if ip_literal(record.host) is not None:
+                # Clients send no SNI to an IP literal (RFC 6066); the target was vetted.
+                return True
+            record.decision = _deny(Reason.SNI_MISSING, "ClientHello has no server name")
+            return False
+        if len(names) > 1:
+            record.decision = _deny(Reason.SNI_MISMATCH, "ClientHello names two servers")
+            return False
+        try:
+            sni = normalize_host(names[0])
+        except ValueError as exc:
+            record.decision = _deny(Reason.SNI_MISMATCH, f"unreadable server name: {exc}")
+            return False
+        record.extra["sni"] = sni
+        if sni != record.host:
+            record.decision = _deny(
+                Reason.SNI_MISMATCH, f"SNI {_printable(sni)} is not {record.host}"
+            )
+            return False
+        return True
+
+    # -- SOCKS5 ----------------------------------------------------------------------------
+
+    async def _serve_socks(self, client: _Client, record: _Record) -> None:
+        record.protocol = "socks5"
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                while (greeting := _socks.parse_greeting(client.buffer)) is None:
+                    await client.read()
+                offered, used = greeting
+                del client.buffer[:used]
+                await client.send(_socks.method_reply(offered))
+                if not offered:
+                    record.decision = _deny(
+                        Reason.UNSUPPORTED_PROTOCOL, "only the no-authentication method is served"
+                    )
+                    return
+                while (request := _socks.parse_request(client.buffer)) is None:
+                    await client.read()
+        except _socks.SocksError as exc:
+            if exc.code is not None:
+                await client.send(_socks.reply(exc.code))
+            reason = (
+                Reason.UNSUPPORTED_PROTOCOL
+                if exc.code == _socks.REPLY_ADDRESS_TYPE
+                else Reason.BAD_REQUEST
+            )
+            record.decision = _deny(reason, str(exc))
+            return
+        del client.buffer[: request.length]
+        if request.command != _socks.CMD_CONNECT:
+            name = {2: "BIND", 3: "UDP ASSOCIATE"}.get(request.command, str(request.command))
+            record.host = _printable(request.host)
+            record.port = request.port
+            await client.send(_socks.reply(_socks.REPLY_COMMAND))
+            record.decision = _deny(Reason.UNSUPPORTED_PROTOCOL, f"SOCKS {name} is not served")
+            return
+
+        async def accept() -> None:
+            await client.send(_socks.reply(_socks.REPLY_OK))
+
+        async def refuse(decision: Decision) -> None:
+            code = _SOCKS_CODE.get(decision.reason, _socks.REPLY_NOT_ALLOWED)
+            if decision.reason is Reason.UPSTREAM_FAILED and "refused" in decision.detail:
+                code = _socks.REPLY_REFUSED
+            await client.send(_socks.reply(code))
+
+        await self._tunnel(client, record, request.host, request.port, accept, refuse)
+
+    # -- HTTP: CONNECT and the forward proxy -------------------------------------------------
+
+    async def _serve_http(self, client: _Client, record: _Record) -> None:
+        record.protocol = "http"
+        first = True
+        while True:
+            request_record = _Record(protocol="http")
+            try:
+                head = await self._read_head(client, first)
+                if head is None:
+                    return
+                _http.check_head(head)
+                conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_http.MAX_HEAD)
+                conn.receive_data(head)
+                event = conn.next_event()
+                if not isinstance(event, h11.Request):
+                    raise _http.BadRequest("incomplete request head")
+            except (_http.BadRequest, h11.RemoteProtocolError) as exc:
+                decision = _deny(Reason.BAD_REQUEST, str(exc))
+                with contextlib.suppress(OSError):
+                    await client.send(_http.error_response(400, Reason.BAD_REQUEST, str(exc)))
+                if first:
+                    record.decision = decision
+                else:
+                    request_record.decision = decision
+                    self._emit("net_request", request_record)
+                return
+            first = False
+            if event.method == b"CONNECT":
+                record.protocol = "connect"
+                await self._connect(client, record, event)
+                return
+            if record.decision is None:
+                # A forward-proxy connection is itself allowed; each request carries its own
+                # decision in its net_request event.
+                record.decision = Decision.allow(LAYER, detail="forward proxy")
+            keep = False
+            try:
+                keep = await self._forward(client, conn, event, request_record)
+            finally:
+                record.bytes_up += request_record.bytes_up
+                record.bytes_down += request_record.bytes_down
+                record.extra["requests"] = record.extra.get("requests", 0) + 1
+                if not record.host:
+                    record.host, record.port = request_record.host, request_record.port
+                self._emit("net_request", request_record)
+            if not keep:
+                return
+
+    async def _read_head(self, client: _Client, first: bool) -> bytes | None:
+        timeout = self.handshake_timeout if first else self.idle_timeout
+        async with asyncio.timeout(timeout):
+            while True:
+                end = _http.find_head_end(client.buffer)
+                if end >= 0:
+                    head = bytes(client.buffer[:end])
+                    del client.buffer[:end]
+                    return head
+                try:
+                    await client.read()
+                except _Closed:
+                    if not first and not client.buffer:
+                        return None  # a clean close between keep-alive requests
+                    raise
+
+    async def _connect(self, client: _Client, record: _Record, request: h11.Request) -> None:
+        try:
+            host, port = _http.parse_authority(request.target.decode("ascii"), None)
+        except (_http.BadRequest, UnicodeDecodeError) as exc:
+            record.decision = _deny(Reason.BAD_REQUEST, str(exc))
+            await client.send(_http.error_response(400, Reason.BAD_REQUEST, str(exc)))
+            return
+
+        async def accept() -> None:
+            await client.send(_ESTABLISHED)
+
+        async def refuse(decision: Decision) -> None:
+            status = _STATUS.get(decision.reason, 403)
+            detail = record.host if status == 403 else decision.detail
+            await client.send(_http.error_response(status, decision.reason, _printable(detail)))
+
+        await self._tunnel(client, record, host, port, accept, refuse)
+
+    async def _forward(
+        self, client: _Client, conn: h11.Connection, request: h11.Request, record: _Record
+    ) -> bool:
+        """Serve one absolute-form request; True when the client connection stays open."""
+        record.extra["method"] = request.method.decode("ascii", "replace")
+        try:
+            target = _http.parse_forward_target(request.target)
+        except (_http.BadRequest, UnicodeDecodeError) as exc:
+            record.decision = _deny(Reason.BAD_REQUEST, str(exc))
+            await client.send(_http.error_response(400, Reason.BAD_REQUEST, str(exc)))
+            return False
+        # The path without the query: queries often carry tokens that must not be logged.
+        record.extra["path"] = _printable(target.path.split(b"?", 1)[0].decode("latin-1"), 256)
+        address = await self._vet(target.host, target.port, record)
+        if address is None:
+            assert record.decision is not None
+            status = _STATUS.get(record.decision.reason, 403)
+            detail = record.host if status == 403 else record.decision.detail
+            await client.send(
+                _http.error_response(status, record.decision.reason, _printable(detail))
+            )
+            return False
+        try:
+            upstream = await self._dial(address, target.port)
+        except (OSError, TimeoutError) as exc:
+            record.decision = _deny(Reason.UPSTREAM_FAILED, str(exc) or type(exc).__name__)
+            await client.send(_http.error_response(502, Reason.UPSTREAM_FAILED))
+            return False
+        try:
+            return await self._exchange(client, conn, request, target, record, upstream)
+        except (_http.BadRequest, h11.RemoteProtocolError) as exc:
+            # Malformed body framing (a bad chunk size, say): the upstream request is cut
+            # short by closing, and the client told why.
+            record.decision = _deny(Reason.BAD_REQUEST, str(exc))
+            with contextlib.suppress(OSError):
+                await client.send(_http.error_response(400, Reason.BAD_REQUEST, str(exc)))
+            return False
+        finally:
+            upstream.close()
+
+    async def _exchange(
+        self,
+        client: _Client,
+        conn: h11.Connection,
+        request: h11.Request,
+        target: _http.ForwardTarget,
+        record: _Record,
+        upstream: socket.socket,
+    ) -> bool:
+        loop = asyncio.get_running_loop()
+        host = record.host if ":" not in record.host else f"[{record.host}]"
+        authority = host if target.port == 80 else f"{host}:{target.port}"
+        headers = [
+            (b"host", authority.encode("ascii")),
+            *_http.filter_headers(list(request.headers)),
+            *_http.request_framing(request),
+            # One request per upstream connection: the upstream side stays simple and the
+            # vetted address is never reused for another host.
+            (b"connection", b"close"),
+        ]
+        up = h11.Connection(h11.CLIENT)
+        out = up.send(h11.Request(method=request.method, target=target.path, headers=headers))
+        assert out is not None
+        await loop.sock_sendall(upstream, out)
+        record.bytes_up += len(out)
+        # Request body: h11 decodes the client's framing, and re-frames it upstream.
+        conn.receive_data(bytes(client.buffer))
+        client.buffer.clear()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                async with asyncio.timeout(self.idle_timeout):
+                    data = await loop.sock_recv(client.sock, _UPSTREAM_READ)
+                if not data:
+                    raise _Closed
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                out = up.send(h11.Data(data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                out = up.send(h11.EndOfMessage())
+            else:
+                raise _http.BadRequest(f"unexpected {type(event).__name__} in a request body")
+            if out:
+                await loop.sock_sendall(upstream, out)
+                record.bytes_up += len(out)
+            if isinstance(event, h11.EndOfMessage):
+                break
+        leftover, _ = conn.trailing_data
+        client.buffer += leftover
+        keep = request.http_version == b"1.1" and not _wants_close(request.headers)
+        return await self._relay_response(client, request, record, upstream, up, keep)
+
+    async def _relay_response(
+        self,
+        client: _Client,
+        request: h11.Request,
+        record: _Record,
+        upstream: socket.socket,
+        up: h11.Connection,
+        keep: bool,
+    ) -> bool:
+        loop = asyncio.get_running_loop()
+        chunked = False
+        started = False
+        while True:
+            try:
+                event = up.next_event()
+            except h11.RemoteProtocolError as exc:
+                record.decision = _deny(Reason.UPSTREAM_FAILED, f"bad response: {exc}")
+                if not started:
+                    await client.send(_http.error_response(502, Reason.UPSTREAM_FAILED))
+                return False
+            if event is h11.NEED_DATA:
+                async with asyncio.timeout(self.idle_timeout):
+                    data = await loop.sock_recv(upstream, _UPSTREAM_READ)
+                record.bytes_down += len(data)
+                up.receive_data(data)
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                if request.http_version == b"1.1":
+                    await client.send(_status_line(event) + _header_block(event.headers))
+                continue
+            if isinstance(event, h11.Response):
+                started = True
+                no_body = (
+                    request.method == b"HEAD"
+                    or event.status_code in (204, 304)
+                    or event.status_code < 200
+                )
+                length = _header(event.headers, b"content-length")
+                framing: list[tuple[bytes, bytes]] = []
+                if length is not None and (no_body or length.isdigit()):
+                    framing = [(b"content-length", length)]
+                elif not no_body:
+                    if request.http_version == b"1.1":
+                        chunked = True
+                        framing = [(b"transfer-encoding", b"chunked")]
+                    else:
+                        keep = False  # HTTP/1.0 client: the body ends when we close
+                connection = b"keep-alive" if keep else b"close"
+                headers = [
+                    *_http.filter_headers(list(event.headers)),
+                    *framing,
+                    (b"connection", connection),
+                ]
+                await client.send(_status_line(event) + _header_block(headers))
+                continue
+            if isinstance(event, h11.Data):
+                if chunked:
+                    await client.send(b"%x\r\n" % len(event.data) + event.data + b"\r\n")
+                else:
+                    await client.send(event.data)
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                if chunked:
+                    await client.send(b"0\r\n\r\n")
+                return keep
+            # ConnectionClosed before the end of a response: the client sees a cut body.
+            return False
+
+
+def _wants_close(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name in (b"connection", b"proxy-connection") and b"close" in value.lower():
+            return True
+    return False
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
+    for name, value in headers:
+        if name == wanted:
+            return bytes(value)
+    return None
+
+
+def _status_line(event: h11.Response | h11.InformationalResponse) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (event.status_code, bytes(event.reason))
+
+
+def _header_block(headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(b"%s: %s\r\n" % (bytes(n), bytes(v)) for n, v in headers) + b"\r\n"
+
+
+def bind_listener(listen: str) -> tuple[socket.socket, Path | None]:
+    """Create the listening socket for ``unix:PATH`` or ``tcp:HOST:PORT`` (loopback only).
+
+    Returns the socket and, for a unix socket, its path (to remove when done).
+    Raises ValueError for a malformed or non-loopback address.
+    """
+    kind, _, rest = listen.partition(":")
+    if kind == "unix" and rest:
+        path = Path(rest)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise ValueError(f"{path} exists and is not a socket; choose another path")
+            path.unlink()  # a stale socket from an earlier run
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            # The socket is the sandbox's identity: only its owner may connect.
+            os.chmod(path, 0o600)
+            sock.listen(1024)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, path
+    if kind == "tcp" and rest:
+        host, sep, port_text = rest.rpartition(":")
+        if not sep or not port_text.isdigit() or int(port_text) > 65535:
+            raise ValueError(f"{listen!r}: write tcp:127.0.0.1:PORT")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{listen!r}: the host must be a loopback IP address") from None
+        if not address.is_loopback:
+            raise ValueError(
+                f"{listen!r}: the proxy listens on loopback only (127.0.0.1 or ::1); "
+                "anything else would open it to the network"
+            )
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((str(address), int(port_text)))
+            sock.listen(1024)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, None
+    raise ValueError(f"{listen!r}: write unix:PATH or tcp:127.0.0.1:PORT")

@@ -1,0 +1,111 @@
+"""The egress proxy of one run: a thread with its own event loop, fed by a listener
+created inside the sandbox's network namespace.
+
+Plumbing (DESIGN §5 (b)): bubblewrap starts with ``--info-fd`` (it reports the sandbox's
+pid) and ``--block-fd`` (it holds the command until released). A short-lived helper joins
+the sandbox's network namespace and hands back a socket listening on 127.0.0.1 there; the
+proxy accepts on it directly, so nothing inside the sandbox relays traffic and each
+sandbox reaches only its own proxy (identity is structural, DESIGN §4 rule 7). Only then
+is the command released.
+
+If the proxy fails, its listener closes and the sandbox has no way out at all: the
+failure is fail-closed by construction, and it is reported in the audit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from stockade._exceptions import SandboxError
+from stockade.audit import AuditLog
+from stockade.egress import EgressProxy, EgressRules, listener_in_netns, proxy_environment
+from stockade.policy import Policy
+
+#: The port the proxy listens on inside every sandbox (its own network namespace).
+PROXY_PORT = 3128
+
+
+def proxy_env() -> dict[str, str]:
+    """The proxy variables the sandboxed command gets."""
+    return proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
+
+
+class ProxyThread:
+    """Runs an :class:`EgressProxy` on its own event loop in a background thread."""
+
+    def __init__(self, policy: Policy, audit: AuditLog) -> None:
+        self.rules = EgressRules.from_policy(policy.network)
+        self.audit = audit
+        self.loop = asyncio.new_event_loop()
+        self.proxy = EgressProxy(self.rules, audit)
+        self._thread = threading.Thread(target=self._run, name="stockade-proxy", daemon=True)
+        self._serving: list[Future[None]] = []
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def attach(self, child_pid: int) -> None:
+        """Create the listener inside ``child_pid``'s network namespace and serve it."""
+        sock = listener_in_netns(child_pid, PROXY_PORT)
+        self._serving.append(
+            asyncio.run_coroutine_threadsafe(self.proxy.serve_socket(sock), self.loop)
+        )
+
+    def close(self) -> None:
+        """Stop accepting, close every connection and the loop; report a failed proxy."""
+        for future in self._serving:
+            if future.done() and future.exception() is not None:
+                exc = future.exception()
+                self.audit.emit(
+                    "proxy_failed",
+                    layer="egress",
+                    verdict="deny",
+                    reason="upstream-failed",
+                    detail=f"{type(exc).__name__}: {exc}; the sandbox had no network from then on",
+                )
+
+        async def shutdown() -> None:
+            self.proxy.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proxy.wait_closed(), 2.0)
+
+        if self.loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5.0)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def read_child_pid(info_fd: int) -> int:
+    """Read bubblewrap's ``--info-fd`` document and return the sandbox's pid.
+
+    Reads until the JSON object is complete rather than until end of file, so that a
+    copy of the fd held elsewhere cannot stall the start.
+    """
+    buf = b""
+    info: Any = None
+    try:
+        while True:
+            chunk = os.read(info_fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            with contextlib.suppress(json.JSONDecodeError):
+                info = json.loads(buf)
+                break
+    finally:
+        os.close(info_fd)
+    pid = info.get("child-pid") if isinstance(info, dict) else None
+    if not isinstance(pid, int):
+        raise SandboxError("bubblewrap did not report the sandbox's pid on --info-fd")
+    return pid
