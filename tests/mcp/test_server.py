@@ -124,6 +124,30 @@ def test_withheld_credential_is_a_denial_with_a_hint(tmp_path: Path) -> None:
     assert "s3cret-value" not in logs[0].read_text()
 
 
+def test_denied_connection_shows_up_with_a_hint(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[network]\nallow = ["example.test"]\n')
+    fetch = (
+        "import urllib.request\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://evil.test/', timeout=10)\n"
+        "except Exception as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+
+    async def body(session: ClientSession) -> None:
+        out = structured(
+            await session.call_tool("run_command", {"command": ["python3", "-c", fetch]})
+        )
+        assert out["stdout"].startswith("refused:")
+        denial = next(d for d in out["denials"] if d["layer"] == "egress")
+        assert denial["reason"] == "host-not-allowed"
+        assert "evil.test" in denial["target"]
+        assert denial["hint"] == "host evil.test is not in network.allow; ask the user to add it"
+
+    serve(tmp_path, body, "--policy", str(policy))
+
+
 def test_timeout_kills_and_reports(tmp_path: Path) -> None:
     async def body(session: ClientSession) -> None:
         out = structured(

@@ -15,19 +15,20 @@ from stockade.policy import Policy
 
 Event = dict[str, Any]
 
-#: reason -> hint template; ``{target}`` is the host, path or name the denial is about
+#: reason -> hint template; ``{target}`` is the request, path or name the denial is
+#: about, ``{host}`` the bare host name of a network denial
 _HINTS: dict[str, str] = {
-    "host-not-allowed": "host {target} is not in network.allow; ask the user to add it",
-    "host-denied": "host {target} is in network.deny; it cannot be reached from this sandbox",
-    "port-not-allowed": "{target}: that port is not allowed; ask the user to allow host:port",
+    "host-not-allowed": "host {host} is not in network.allow; ask the user to add it",
+    "host-denied": "host {host} is in network.deny; it cannot be reached from this sandbox",
+    "port-not-allowed": "{target}: that port is not allowed; ask the user to allow {host}:PORT",
     "address-not-public": (
-        "{target} resolves to a private or loopback address, which is refused; "
+        "{host} resolves to a private or loopback address, which is refused; "
         "ask the user to pin it in network.hosts if that is intended"
     ),
-    "address-metadata": "{target} is a cloud metadata address; it is never reachable",
-    "address-self": "{target} is this host's own address; it is never reachable",
-    "resolve-failed": "{target} did not resolve; check the spelling",
-    "bad-hostname": "{target} is not a valid host name",
+    "address-metadata": "{host} is a cloud metadata address; it is never reachable",
+    "address-self": "{host} is this host's own address; it is never reachable",
+    "resolve-failed": "{host} did not resolve; check the spelling",
+    "bad-hostname": "{host} is not a valid host name",
     "unsupported-protocol": "only HTTP(S) through the proxy leaves the sandbox; use http(s)",
     "sni-mismatch": "the TLS name did not match the host connected to ({target})",
     "not-tls": "a tunnel to {target} on a TLS port must carry TLS",
@@ -90,7 +91,8 @@ def explain_denial(event: Event) -> dict[str, str]:
     target = denial_target(event)
     template = _HINTS.get(reason)
     if template is not None:
-        hint = template.format(target=target or "the target")
+        host = str(event.get("host") or target or "the host")
+        hint = template.format(target=target or "the target", host=host)
     else:
         hint = f"refused by the {layer} layer ({reason}); tell the user what was attempted"
     return {"layer": layer, "reason": reason, "target": target, "hint": hint}
