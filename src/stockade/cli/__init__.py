@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
     "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
     "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
+    "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
 }
 
 PROG = "stockade"

@@ -274,7 +274,9 @@ def _build(
             # policy already allows every host of it; its paths and names are dropped.
             missing = [h for h in grant.hosts if h not in base.network.allow]
             if missing:
-                raise v.fail("presets.use", names, f"needs {', '.join(missing)}; {_WIDEN_FIX}")
+                raise v.fail(
+                    "presets.use", list(names), f"needs {', '.join(missing)}; {_WIDEN_FIX}"
+                )
             grant = replace(grant, read=(), env=())
 
         def extend(table: Mapping[str, Any], key: str, items: tuple[Any, ...]) -> dict[str, Any]:
