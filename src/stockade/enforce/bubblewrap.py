@@ -105,6 +105,7 @@ def build_argv(
     info_fd: int | None = None,
     block_fd: int | None = None,
     seccomp_fd: int | None = None,
+    status_fd: int | None = None,
 ) -> list[str]:
     """Return the full bubblewrap argv that runs ``command`` under ``plan``.
 
@@ -170,6 +171,8 @@ def build_argv(
         argv += ["--block-fd", str(block_fd)]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
     argv.append("--")
     argv += list(command)
     return argv

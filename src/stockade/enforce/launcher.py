@@ -149,15 +149,14 @@ def _compiler() -> str:
 
 @functools.cache
 def launcher_path() -> Path:
-    """Return where the launcher for this source and compiler lives (built or not).
+    """Return where the launcher for this source lives (built or not).
 
-    The name carries the first 16 hex digits of sha256(source + compiler version), so a
-    changed source or compiler gets a fresh binary and a stale one is never reused.
-    Cached for the life of the process (it runs ``cc --version`` once).
+    The name carries the first 16 hex digits of sha256(source), so a changed source gets
+    a fresh binary and a stale one is never reused. The compiler is not part of the key:
+    the binary is self-contained, and asking ``cc --version`` on every run would cost more
+    than the whole launcher does.
     """
-    cc = _compiler()
-    version = subprocess.run([cc, "--version"], capture_output=True, check=False, timeout=30).stdout
-    digest = hashlib.sha256(_source() + b"\0" + version).hexdigest()[:16]
+    digest = hashlib.sha256(_source()).hexdigest()[:16]
     return _cache_dir() / f"launcher-{digest}"
 
 

@@ -119,7 +119,9 @@ DENY_GLOB_BUDGET_S = 2.0
 
 
 def _is_within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+    # String prefixes, not Path.parents: this runs thousands of times per start.
+    p, r = str(path), str(root)
+    return p == r or p.startswith(r if r.endswith("/") else r + "/")
 
 
 def secret_paths(home: Path) -> tuple[Path, ...]:
@@ -178,6 +180,8 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             _is_within(real, Path(s)) for s in ("/usr", "/bin", "/sbin", "/opt")
         ):
             add(real)
+        if root is not None and root.name != "bin":
+            continue  # a whole toolchain installation is bound; its links point inside it
         if not _is_within(real, home):
             continue
         # Entries of a PATH directory under HOME may be symlinks into a tool's own

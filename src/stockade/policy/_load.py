@@ -15,7 +15,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
@@ -101,6 +100,8 @@ def parse_policy_text(
     text: str, source: str = "<string>", *, workspace: Path | None = None
 ) -> Policy:
     """Validate a policy given as TOML text (no composition); used by tools and tests."""
+    import tomllib
+
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -120,6 +121,8 @@ def _is_file(path: Path) -> bool:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    import tomllib  # only when a policy file exists: the default needs no parser
+
     try:
         data = path.read_bytes()
     except OSError as exc:

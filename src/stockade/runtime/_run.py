@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -95,10 +94,9 @@ def _require_layers(policy: Policy) -> str | None:
     layers = policy.layers
     bwrap = None
     if layers.container or layers.egress:
+        # Whether user namespaces work is learnt from bwrap's status fd on the real run
+        # (a failed set-up never starts the command); probing first would cost a run.
         bwrap = _host.require_bwrap()
-        check = _host.userns_check()
-        if not check.ok:
-            raise Unavailable(f"user namespaces ({check.detail})", check.fix)
     if layers.files or layers.syscalls:
         try:
             from stockade.enforce import launcher  # noqa: F401
@@ -146,7 +144,7 @@ def execute(request: RunRequest) -> RunResult:
     if not request.argv:
         raise SandboxError("no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]")
     bwrap = _require_layers(policy)
-    run_id = uuid.uuid4().hex[:12]
+    run_id = os.urandom(6).hex()  # uuid would cost ~10 ms of imports per run
     audit_path = request.audit_path
     if audit_path is None and request.audit_to_file:
         audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
@@ -288,25 +286,38 @@ def _execute(
             start: _Start | None = None
             if needs_proxy:
                 start = _Start(policy, audit)
+            status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
+                status_r, status_w = os.pipe()
                 argv = bubblewrap.build_argv(
                     plan,
                     command,
                     bwrap=bwrap,
                     info_fd=start.info_w if start else None,
                     block_fd=start.block_r if start else None,
+                    status_fd=status_w,
                 )
                 depth = 2 if plan.isolate else 1
             else:
                 argv, depth = command, 0
-            fds = [fd for fd in (launcher_fd, *(start.child_fds() if start else ())) if fd >= 0]
+            fds = [
+                fd
+                for fd in (launcher_fd, status_w, *(start.child_fds() if start else ()))
+                if fd >= 0
+            ]
             try:
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
                     argv, child_env, cwd, request, depth, use_pty, tuple(fds), start
                 )
+                if status_r >= 0:
+                    os.close(status_w)
+                    status_w = -1
+                    if not timed_out and not _bwrap_started(status_r):
+                        _explain_bwrap_failure(returncode)
             finally:
-                if launcher_fd >= 0:
-                    os.close(launcher_fd)
+                for fd in (launcher_fd, status_r, status_w):
+                    if fd >= 0:
+                        os.close(fd)
                 if start is not None:
                     start.close()
     finally:
@@ -620,6 +631,25 @@ def _spawn_pty(
     if timed_out:
         return EXIT_TIMEOUT, True, None, None
     return (code if code >= 0 else 128 - code), False, None, None
+
+
+def _bwrap_started(status_r: int) -> bool:
+    """Whether bwrap reported starting the command on ``--json-status-fd``."""
+    data = b""
+    while chunk := os.read(status_r, 65536):
+        data += chunk
+    return b'"child-pid"' in data
+
+
+def _explain_bwrap_failure(returncode: int) -> None:
+    """bwrap failed before the command ran: say why, as a refusal (fail closed)."""
+    check = _host.userns_check()
+    if not check.ok:
+        raise Unavailable(f"user namespaces ({check.detail})", check.fix)
+    raise SandboxError(
+        f"bubblewrap could not set up the sandbox (exit {returncode}; its message is above); "
+        "the command did not run. 'stockade doctor' checks this host"
+    )
 
 
 class _Start:

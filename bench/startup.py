@@ -1,0 +1,144 @@
+"""Start-up cost of one sandboxed command, against its baselines, measured in one run.
+
+Measures the mean wall time of: plain ``true``; bare ``bwrap ... true`` with the same
+namespaces; ``stockade run -- true`` (the CLI, every layer on); ``srt true`` (Anthropic's
+sandbox-runtime, installed into a temporary folder with npm when npm is available); and
+``stockade.run(["true"])`` called repeatedly in one warm Python process. The last line is
+one JSON object with the figures and the ratios. Targets: CLI <= 60 ms and <= 0.3x srt;
+warm API call <= 3x bare bwrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+N = int(os.environ.get("STOCKADE_BENCH_N", "40"))
+
+
+def mean_ms(fn: Callable[[], object], n: int = N) -> float:
+    fn()  # warm caches (page cache, the launcher build)
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    return statistics.fmean(samples)
+
+
+def run(argv: list[str], **kw: object) -> None:
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)  # type: ignore[call-overload]
+
+
+def install_srt(root: Path) -> str | None:
+    """Install sandbox-runtime into ``root`` with npm; return the srt path, or None."""
+    existing = shutil.which("srt")
+    if existing:
+        return existing
+    if not shutil.which("npm"):
+        return None
+    proc = subprocess.run(
+        ["npm", "install", "--silent", "--prefix", str(root), "@anthropic-ai/sandbox-runtime"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    srt = root / "node_modules" / ".bin" / "srt"
+    return str(srt) if proc.returncode == 0 and srt.exists() else None
+
+
+def main() -> int:
+    stockade = str(Path(sys.executable).with_name("stockade"))
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        print("bench/startup.py: bwrap is not installed", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="stockade-bench-") as tmp:
+        ws = Path(tmp) / "ws"
+        ws.mkdir()
+        env = dict(os.environ, XDG_STATE_HOME=str(Path(tmp) / "state"))
+        os.chdir(ws)
+        figures: dict[str, float | None] = {}
+        figures["true_ms"] = mean_ms(lambda: run(["true"]))
+        bare = [
+            bwrap,
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-net",
+            "--unshare-cgroup-try",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(ws),
+            str(ws),
+            "--",
+            "true",
+        ]
+        figures["bwrap_ms"] = mean_ms(lambda: run(bare))
+        figures["stockade_cli_ms"] = mean_ms(lambda: run([stockade, "run", "--", "true"], env=env))
+        srt = install_srt(Path(tmp) / "srt")
+        if srt:
+            try:
+                figures["srt_ms"] = mean_ms(lambda: run([srt, "true"], env=env), n=max(5, N // 4))
+            except subprocess.CalledProcessError:
+                figures["srt_ms"] = None
+        else:
+            figures["srt_ms"] = None
+        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+        import stockade as sd
+
+        figures["stockade_api_warm_ms"] = mean_ms(lambda: sd.run(["true"], workspace=ws))
+    result: dict[str, object] = {
+        k: (round(v, 2) if v is not None else None) for k, v in figures.items()
+    }
+    cli, api, bw = figures["stockade_cli_ms"], figures["stockade_api_warm_ms"], figures["bwrap_ms"]
+    assert cli is not None
+    assert api is not None
+    assert bw is not None
+    result["cli_vs_srt"] = round(cli / figures["srt_ms"], 3) if figures["srt_ms"] else None
+    result["api_vs_bwrap"] = round(api / bw, 2)
+    result["targets"] = {"cli_ms": 60, "cli_vs_srt": 0.3, "api_vs_bwrap": 3}
+    for key, value in result.items():
+        if key != "targets":
+            print(f"{key:>22}: {value}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
