@@ -89,14 +89,16 @@ def load_policy(
             )
         else:
             policy = base
-    if extra_allow:
-        for i, host in enumerate(extra_allow):
-            _check_host_pattern(host, f"--allow-host[{i}]", "command line")
-        policy = replace(
-            policy,
-            network=replace(policy.network, allow=policy.network.allow + tuple(extra_allow)),
-        )
-    return policy
+    return add_allowed_hosts(policy, extra_allow)
+
+
+def add_allowed_hosts(policy: Policy, hosts: tuple[str, ...]) -> Policy:
+    """``policy`` with ``hosts`` (``--allow-host``) added to ``network.allow``, validated."""
+    for i, host in enumerate(hosts):
+        _check_host_pattern(host, f"--allow-host[{i}]", "command line")
+    if not hosts:
+        return policy
+    return replace(policy, network=replace(policy.network, allow=policy.network.allow + hosts))
 
 
 def parse_policy_text(
