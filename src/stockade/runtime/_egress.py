@@ -19,7 +19,9 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import SandboxError
@@ -31,19 +33,60 @@ from stockade.policy import Policy
 PROXY_PORT = 3128
 
 
-def proxy_env() -> dict[str, str]:
-    """The proxy variables the sandboxed command gets."""
-    return proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
+def inspects(policy: Policy) -> bool:
+    """Whether the inspect layer has anything to do for ``policy``."""
+    return policy.layers.inspect and bool(
+        policy.network.rules or policy.secrets or policy.labels.configured
+    )
+
+
+class EgressPlan:
+    """What the egress (and inspect) layer adds to one sandbox before it starts.
+
+    ``env`` points clients at the proxy (and, when requests are inspected, at a trust
+    bundle of the system roots plus a CA made for this run, and carries placeholders for
+    bound secrets); ``files`` are host files to bind read-only into the sandbox. The CA's
+    key never leaves this process.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        audit: AuditLog,
+        caller_env: Mapping[str, str],
+        scratch: Path,
+        inside_dir: str | None,
+    ) -> None:
+        self.rules = EgressRules.from_policy(policy.network)
+        self.env = proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
+        self.files: list[tuple[Path, str]] = []
+        self.inspect: Any = None
+        if inspects(policy):
+            from stockade.egress.inspect import (
+                CertificateAuthority,
+                InspectLayer,
+                SecretStore,
+                trust_environment,
+                write_trust_bundle,
+            )
+
+            ca = CertificateAuthority.ephemeral()
+            bundle = write_trust_bundle(ca, scratch / "ca-bundle.pem")
+            inside = f"{inside_dir}/ca-bundle.pem" if inside_dir else str(bundle)
+            self.files.append((bundle, inside))
+            self.env.update(trust_environment(inside))
+            store = SecretStore.resolve(policy.secrets, caller_env)
+            self.env.update(store.environment())
+            self.inspect = InspectLayer.from_policy(policy, ca, audit, secrets=store)
 
 
 class ProxyThread:
     """Runs an :class:`EgressProxy` on its own event loop in a background thread."""
 
-    def __init__(self, policy: Policy, audit: AuditLog) -> None:
-        self.rules = EgressRules.from_policy(policy.network)
+    def __init__(self, plan: EgressPlan, audit: AuditLog) -> None:
         self.audit = audit
         self.loop = asyncio.new_event_loop()
-        self.proxy = EgressProxy(self.rules, audit)
+        self.proxy = EgressProxy(plan.rules, audit, inspect=plan.inspect)
         self._thread = threading.Thread(target=self._run, name="stockade-proxy", daemon=True)
         self._serving: list[Future[None]] = []
         self._thread.start()

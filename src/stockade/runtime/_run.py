@@ -186,18 +186,6 @@ def _execute(
     # The proxy is needed when the egress layer is on and the policy allows anything;
     # with nothing allowed the sandbox simply has an empty network namespace.
     needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
-    extra_env: dict[str, str] = {}
-    if needs_proxy:
-        from stockade.runtime import _egress
-
-        extra_env.update(_egress.proxy_env())
-    env_plan = environment.build_environment(
-        caller_env, policy.env, home=str(home), enabled=layers.secrets, extra=extra_env
-    )
-    for name in env_plan.withheld_credentials:
-        audit.decision(
-            "denied", Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name), name=name
-        )
 
     protection = paths.Protection((), (), ())
     returncode = 0
@@ -206,6 +194,30 @@ def _execute(
     stderr_data: bytes | None = None
     try:
         with _scratch() as scratch:
+            egress_plan = None
+            if needs_proxy:
+                from stockade.runtime._egress import EgressPlan
+
+                egress_plan = EgressPlan(
+                    policy,
+                    audit,
+                    caller_env,
+                    scratch,
+                    bubblewrap.STOCKADE_DIR if layers.container else None,
+                )
+            env_plan = environment.build_environment(
+                caller_env,
+                policy.env,
+                home=str(home),
+                enabled=layers.secrets,
+                extra=egress_plan.env if egress_plan else None,
+            )
+            for name in env_plan.withheld_credentials:
+                audit.decision(
+                    "denied",
+                    Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name),
+                    name=name,
+                )
             try:
                 deny = paths.expand_deny(fs.deny, workspace, (*fs.read, *fs.write))
             except TimeoutError as exc:
@@ -230,6 +242,7 @@ def _execute(
                     pinned=protection.pinned,
                     share_net=not layers.egress,
                     cwd=cwd,
+                    files=tuple(egress_plan.files) if egress_plan else (),
                 )
                 child_env = env_plan.env
             else:
@@ -285,8 +298,8 @@ def _execute(
                 command = [*prefix, *command]
             start: _Start | None = None
             cgroup = _make_cgroup(policy, audit) if bwrap is not None else None
-            if needs_proxy or cgroup is not None:
-                start = _Start(policy if needs_proxy else None, audit, cgroup)
+            if egress_plan is not None or cgroup is not None:
+                start = _Start(egress_plan, audit, cgroup)
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -688,16 +701,16 @@ class _Start:
     proxy listens inside its network namespace.
     """
 
-    def __init__(self, policy: Policy | None, audit: AuditLog, cgroup: Any) -> None:
+    def __init__(self, egress: Any, audit: AuditLog, cgroup: Any) -> None:
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
         self.cgroup = cgroup
         self.audit = audit
         self.proxy = None
-        if policy is not None:
+        if egress is not None:
             from stockade.runtime._egress import ProxyThread
 
-            self.proxy = ProxyThread(policy, audit)
+            self.proxy = ProxyThread(egress, audit)
 
     def child_fds(self) -> tuple[int, int]:
         """The pipe ends bubblewrap inherits."""
