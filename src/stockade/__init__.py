@@ -19,7 +19,7 @@ from stockade._exceptions import (
 from stockade._version import __version__
 
 if TYPE_CHECKING:
-    from stockade.api import CompletedRun, run
+    from stockade.api import CompletedRun, Sandbox, run
     from stockade.policy import Policy
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Denied",
     "Policy",
     "PolicyError",
+    "Sandbox",
     "SandboxError",
     "SandboxTimeout",
     "StockadeError",
@@ -35,7 +36,12 @@ __all__ = [
     "run",
 ]
 
-_LAZY = {"run": "stockade.api", "CompletedRun": "stockade.api", "Policy": "stockade.policy"}
+_LAZY = {
+    "run": "stockade.api",
+    "Sandbox": "stockade.api",
+    "CompletedRun": "stockade.api",
+    "Policy": "stockade.policy",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -83,22 +83,52 @@ def run(
         Unavailable: a layer the policy asks for cannot be applied here.
         SandboxError: the sandbox failed, or ``check`` and a non-zero exit.
     """
+    loaded = _policy(policy, workspace, allow_hosts, disable)
+    return _run_request(
+        argv,
+        loaded,
+        cwd=cwd,
+        timeout=timeout,
+        capture_output=capture_output,
+        text=text,
+        input=input,
+        check=check,
+        audit=Path(os.fspath(audit)) if audit is not None else None,
+        env=env,
+        egress=None,
+    )
+
+
+def _run_request(
+    argv: Sequence[str],
+    policy: Policy,
+    *,
+    cwd: str | os.PathLike[str] | None,
+    timeout: float | None,
+    capture_output: bool,
+    text: bool,
+    input: str | bytes | None,  # noqa: A002 - the name subprocess.run uses
+    check: bool,
+    audit: Path | None,
+    env: dict[str, str] | None,
+    egress: Any,
+) -> CompletedRun:
     from stockade._exceptions import SandboxTimeout
 
-    loaded = _policy(policy, workspace, allow_hosts, disable)
     data = input.encode() if isinstance(input, str) else input
     result = execute(
         RunRequest(
             argv=list(argv),
-            policy=loaded,
+            policy=policy,
             cwd=Path(os.fspath(cwd)) if cwd is not None else None,
-            audit_path=Path(os.fspath(audit)) if audit is not None else None,
+            audit_path=audit,
             audit_to_file=audit is not None,
             timeout=timeout,
             capture_output=capture_output,
             input=data,
             allow_pty=False,
             caller_env=env,
+            egress=egress,
         )
     )
     completed = CompletedRun(result, text=text)
@@ -107,6 +137,128 @@ def run(
     if check and result.returncode != 0:
         raise SandboxError(f"{argv[0]} exited with {result.returncode}")
     return completed
+
+
+class Sandbox:
+    """A sandbox kept warm across many commands.
+
+    ::
+
+        with stockade.Sandbox(workspace="~/project", allow_hosts=["pypi.org"]) as sb:
+            sb.run(["pip", "install", "-e", "."], check=True)
+            result = sb.run(["pytest", "-q"], capture_output=True, text=True)
+
+    The policy is loaded and validated once; the egress proxy's event loop, the CA and
+    trust bundle of the inspect layer, and the placeholders of bound secrets are made
+    once and shared by every run. Each run still gets a fresh container, network
+    namespace, proxy listener and audit ``run_id``: nothing a command leaves behind
+    reaches the next one except through the workspace.
+
+    :meth:`run` mirrors :func:`subprocess.run`; :meth:`arun` is its asyncio twin.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | str | os.PathLike[str] | None = None,
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        allow_hosts: Sequence[str] = (),
+        disable: Sequence[str] = (),
+        audit: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.policy = _policy(policy, workspace, allow_hosts, disable)
+        self._audit = Path(os.fspath(audit)) if audit is not None else None
+        self._env = dict(os.environ if env is None else env)
+        self._scratch: Path | None = None
+        self._egress: Any = None
+        self._closed = False
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare(self) -> Any:
+        layers = self.policy.layers
+        net = self.policy.network
+        if self._egress is None and layers.egress and (net.allow or net.hosts):
+            import tempfile
+
+            from stockade.enforce.bubblewrap import STOCKADE_DIR
+            from stockade.runtime._egress import EgressPlan
+
+            self._scratch = Path(tempfile.mkdtemp(prefix="stockade-sandbox-"))
+            self._egress = EgressPlan(
+                self.policy, self._env, self._scratch, STOCKADE_DIR if layers.container else None
+            )
+        return self._egress
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        capture_output: bool = False,
+        text: bool = False,
+        input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
+        check: bool = False,
+    ) -> CompletedRun:
+        """Run ``argv`` in this sandbox; arguments as for :func:`stockade.run`."""
+        if self._closed:
+            raise SandboxError("this Sandbox is closed; make a new one")
+        return _run_request(
+            argv,
+            self.policy,
+            cwd=cwd,
+            timeout=timeout,
+            capture_output=capture_output,
+            text=text,
+            input=input,
+            check=check,
+            audit=self._audit,
+            env=self._env,
+            egress=self._prepare(),
+        )
+
+    async def arun(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        capture_output: bool = False,
+        text: bool = False,
+        input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
+        check: bool = False,
+    ) -> CompletedRun:
+        """The asyncio twin of :meth:`run` (the wait happens in a worker thread)."""
+        import asyncio
+
+        return await asyncio.to_thread(
+            self.run,
+            argv,
+            cwd=cwd,
+            timeout=timeout,
+            capture_output=capture_output,
+            text=text,
+            input=input,
+            check=check,
+        )
+
+    def close(self) -> None:
+        """Stop the shared proxy loop and remove the shared scratch files."""
+        self._closed = True
+        if self._egress is not None:
+            self._egress.close()
+            self._egress = None
+        if self._scratch is not None:
+            import shutil
+
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 class CompletedRun:

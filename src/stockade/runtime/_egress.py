@@ -41,59 +41,87 @@ def inspects(policy: Policy) -> bool:
 
 
 class EgressPlan:
-    """What the egress (and inspect) layer adds to one sandbox before it starts.
+    """What the egress (and inspect) layer prepares for a sandbox: shared by its runs.
 
     ``env`` points clients at the proxy (and, when requests are inspected, at a trust
-    bundle of the system roots plus a CA made for this run, and carries placeholders for
-    bound secrets); ``files`` are host files to bind read-only into the sandbox. The CA's
-    key never leaves this process.
+    bundle of the system roots plus a CA made for this sandbox, and carries placeholders
+    for bound secrets); ``files`` are host files to bind read-only into the sandbox. The
+    CA's key never leaves this process. The event loop thread that runs the proxies is
+    started on first use and kept until :meth:`close`, so that a warm
+    :class:`~stockade.Sandbox` pays for it once.
     """
 
     def __init__(
         self,
         policy: Policy,
-        audit: AuditLog,
         caller_env: Mapping[str, str],
         scratch: Path,
         inside_dir: str | None,
     ) -> None:
+        self.policy = policy
         self.rules = EgressRules.from_policy(policy.network)
         self.env = proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
         self.files: list[tuple[Path, str]] = []
-        self.inspect: Any = None
+        self._ca: Any = None
+        self._store: Any = None
         if inspects(policy):
             from stockade.egress.inspect import (
                 CertificateAuthority,
-                InspectLayer,
                 SecretStore,
                 trust_environment,
                 write_trust_bundle,
             )
 
-            ca = CertificateAuthority.ephemeral()
-            bundle = write_trust_bundle(ca, scratch / "ca-bundle.pem")
+            self._ca = CertificateAuthority.ephemeral()
+            bundle = write_trust_bundle(self._ca, scratch / "ca-bundle.pem")
             inside = f"{inside_dir}/ca-bundle.pem" if inside_dir else str(bundle)
             self.files.append((bundle, inside))
             self.env.update(trust_environment(inside))
-            store = SecretStore.resolve(policy.secrets, caller_env)
-            self.env.update(store.environment())
-            self.inspect = InspectLayer.from_policy(policy, ca, audit, secrets=store)
+            self._store = SecretStore.resolve(policy.secrets, caller_env)
+            self.env.update(self._store.environment())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The proxies' event loop, running in its own thread (started on first use)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(
+                target=loop.run_forever, name="stockade-proxy", daemon=True
+            )
+            self._thread.start()
+            self._loop = loop
+        return self._loop
+
+    def proxy(self, audit: AuditLog) -> RunProxy:
+        """A proxy for one run, writing to that run's audit log."""
+        inspect = None
+        if self._ca is not None:
+            from stockade.egress.inspect import InspectLayer
+
+            inspect = InspectLayer.from_policy(self.policy, self._ca, audit, secrets=self._store)
+        return RunProxy(EgressProxy(self.rules, audit, inspect=inspect), self.loop(), audit)
+
+    def close(self) -> None:
+        """Stop the event loop thread."""
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+            if not self._thread.is_alive():
+                self._loop.close()
+        self._loop = self._thread = None
 
 
-class ProxyThread:
-    """Runs an :class:`EgressProxy` on its own event loop in a background thread."""
+class RunProxy:
+    """The proxy of one run, served on the shared event loop."""
 
-    def __init__(self, plan: EgressPlan, audit: AuditLog) -> None:
+    def __init__(
+        self, proxy: EgressProxy, loop: asyncio.AbstractEventLoop, audit: AuditLog
+    ) -> None:
+        self.proxy = proxy
+        self.loop = loop
         self.audit = audit
-        self.loop = asyncio.new_event_loop()
-        self.proxy = EgressProxy(plan.rules, audit, inspect=plan.inspect)
-        self._thread = threading.Thread(target=self._run, name="stockade-proxy", daemon=True)
         self._serving: list[Future[None]] = []
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
 
     def attach(self, child_pid: int) -> None:
         """Create the listener inside ``child_pid``'s network namespace and serve it."""
@@ -103,7 +131,7 @@ class ProxyThread:
         )
 
     def close(self) -> None:
-        """Stop accepting, close every connection and the loop; report a failed proxy."""
+        """Stop accepting and close every connection; report a proxy that failed."""
         for future in self._serving:
             if future.done() and future.exception() is not None:
                 exc = future.exception()
@@ -119,14 +147,14 @@ class ProxyThread:
             self.proxy.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proxy.wait_closed(), 2.0)
+            # On the loop: the pooled upstream connections are this loop's transports.
+            inspect = getattr(self.proxy, "inspect", None)
+            if inspect is not None:
+                inspect.close()
 
         if self.loop.is_running():
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5.0)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5.0)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 def read_child_pid(info_fd: int) -> int:

@@ -10,6 +10,7 @@ terminal, wait (killing the whole tree on timeout), clean up and audit the end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import selectors
 import shutil
@@ -67,6 +68,8 @@ class RunRequest:
     forward_signals: bool = False
     caller_env: Mapping[str, str] | None = None
     on_event: Callable[[Event], None] | None = None
+    #: the egress preparation shared by the runs of one Sandbox (None: made per run)
+    egress: Any = None
 
 
 @dataclass(slots=True)
@@ -195,16 +198,19 @@ def _execute(
     try:
         with _scratch() as scratch:
             egress_plan = None
+            own_plan = False
             if needs_proxy:
-                from stockade.runtime._egress import EgressPlan
+                egress_plan = request.egress
+                if egress_plan is None:
+                    from stockade.runtime._egress import EgressPlan
 
-                egress_plan = EgressPlan(
-                    policy,
-                    audit,
-                    caller_env,
-                    scratch,
-                    bubblewrap.STOCKADE_DIR if layers.container else None,
-                )
+                    egress_plan = EgressPlan(
+                        policy,
+                        caller_env,
+                        scratch,
+                        bubblewrap.STOCKADE_DIR if layers.container else None,
+                    )
+                    own_plan = True
             env_plan = environment.build_environment(
                 caller_env,
                 policy.env,
@@ -334,6 +340,8 @@ def _execute(
                         os.close(fd)
                 if start is not None:
                     start.close()
+                if own_plan and egress_plan is not None:
+                    egress_plan.close()
     finally:
         left = paths.remove_placeholders(protection.created)
         for path in left:
@@ -376,6 +384,14 @@ def _wants_pty(request: RunRequest) -> bool:
     )
 
 
+@functools.cache
+def _seccomp_filter() -> bytes:
+    """The syscalls layer's filter: pure and the same for every run of this process."""
+    from stockade.enforce import seccomp
+
+    return seccomp.build_filter()
+
+
 def _launcher(
     policy: Policy,
     plan: bubblewrap.ContainerPlan,
@@ -383,7 +399,7 @@ def _launcher(
     ctty: bool,
 ) -> tuple[list[str], int]:
     """Build the inner launcher's spec for this run; return its argv prefix and spec fd."""
-    from stockade.enforce import launcher, seccomp
+    from stockade.enforce import launcher
 
     layers = policy.layers
     fs = policy.filesystem
@@ -413,7 +429,7 @@ def _launcher(
         write_paths=tuple(write),
         landlock=layers.files,
         scope=layers.files and _host.landlock_abi() >= 6,
-        seccomp_bpf=seccomp.build_filter() if layers.syscalls else None,
+        seccomp_bpf=_seccomp_filter() if layers.syscalls else None,
         seccomp_expected=layers.syscalls,
         rlimits=tuple(rlimits),
         ctty=ctty,
@@ -706,11 +722,7 @@ class _Start:
         self.block_r, self.block_w = os.pipe()
         self.cgroup = cgroup
         self.audit = audit
-        self.proxy = None
-        if egress is not None:
-            from stockade.runtime._egress import ProxyThread
-
-            self.proxy = ProxyThread(egress, audit)
+        self.proxy = egress.proxy(audit) if egress is not None else None
 
     def child_fds(self) -> tuple[int, int]:
         """The pipe ends bubblewrap inherits."""
