@@ -108,7 +108,7 @@ def test_sandbox_runs_many_commands_with_one_proxy(world: World, local_server: i
             ids.add(r.run_id)
             assert any(e["event"] == "net_connect" and e["verdict"] == "allow" for e in r.events)
         denied = sb.run(
-            ["curl", "-sS", "-m", "5", f"http://evil.test:{local_server}/"],
+            ["curl", "-fsS", "-m", "5", f"http://evil.test:{local_server}/"],
             capture_output=True,
             text=True,
         )
