@@ -40,6 +40,14 @@ def run(argv: list[str], **kw: object) -> None:
 
 def install_srt(root: Path) -> str | None:
     """Install sandbox-runtime into ``root`` with npm; return the srt path, or None."""
+    # srt refuses to start without ripgrep and socat; install them as root when missing.
+    missing = [
+        pkg for pkg, binary in (("ripgrep", "rg"), ("socat", "socat")) if not shutil.which(binary)
+    ]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", *missing], capture_output=True, check=False
+        )
     existing = shutil.which("srt")
     if existing:
         return existing

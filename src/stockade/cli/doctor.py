@@ -76,15 +76,19 @@ def checks() -> list[dict[str, object]]:
             "layers": ["syscalls"],
         }
     )
-    cg = _host.cgroup_delegation()
+    from stockade.enforce import limits
+
+    cg = limits.detect()
     out.append(
         {
             "name": "limits",
             "ok": True,
-            "detail": ("cgroup v2: " + cg.detail)
-            if cg.ok
-            else f"rlimits (per process; no delegated cgroup: {cg.detail})",
-            "fix": cg.fix,
+            "detail": f"{cg.describe()} + rlimits"
+            if cg
+            else "rlimits only (per process; no cgroup this user may create)",
+            "fix": ""
+            if cg
+            else "for per-sandbox pids and memory caps, run under a delegated cgroup: systemd-run --user --scope -p Delegate=yes stockade ...",
             "layers": ["limits"],
         }
     )

@@ -713,8 +713,10 @@ class EgressProxy:
         await loop.sock_sendall(upstream, out)
         record.bytes_up += len(out)
         # Request body: h11 decodes the client's framing, and re-frames it upstream.
-        conn.receive_data(bytes(client.buffer))
-        client.buffer.clear()
+        if client.buffer:
+            # Never an empty feed: h11 reads b"" as the client closing.
+            conn.receive_data(bytes(client.buffer))
+            client.buffer.clear()
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:

@@ -13,6 +13,7 @@ tunnel ends when both directions have finished (or either side fails).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import cast
 
@@ -132,6 +133,7 @@ async def relay(
     loop = asyncio.get_running_loop()
     tunnel = _Tunnel(buffer_size)
     transports: list[asyncio.BaseTransport] = []
+    finished = False
     try:
         for sock in (client, upstream):
             if _is_tcp(sock):
@@ -151,14 +153,21 @@ async def relay(
         half_c.transport.resume_reading()
         half_u.transport.resume_reading()
         await tunnel.done
+        finished = True
     finally:
-        if not tunnel.done.done():
+        # Not tunnel.done.done(): cancelling the task cancels the future it waits on.
+        if not finished:
             tunnel.close(abort=True)
             # Sockets that never got a transport are still ours to close.
             if not transports:
                 client.close()
             if len(transports) < 2:
                 upstream.close()
+            if transports:
+                # abort() finishes on the next loop turn; give it that turn so that a
+                # proxy shutting down does not leave transports half-closed.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)
     return tunnel.client.count, tunnel.upstream.count
 
 

@@ -117,50 +117,6 @@ def seccomp_available() -> bool:
         return False
 
 
-@functools.cache
-def cgroup_delegation() -> Check:
-    """Whether a delegated cgroup v2 subtree with the pids and memory controllers exists."""
-    try:
-        rel = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return Check("cgroup v2", False, "cannot read /proc/self/cgroup")
-    unified = next((line.split(":", 2)[2] for line in rel if line.startswith("0::")), None)
-    if unified is None:
-        return Check(
-            "cgroup v2",
-            False,
-            "no unified cgroup hierarchy",
-            "boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)",
-        )
-    mount = Path("/sys/fs/cgroup")
-    if not (mount / "cgroup.controllers").exists():
-        mount = Path("/sys/fs/cgroup/unified")
-    base = mount / unified.lstrip("/")
-    try:
-        controllers = (base / "cgroup.controllers").read_text().split()
-    except OSError:
-        return Check(
-            "cgroup v2",
-            False,
-            f"{base} has no cgroup.controllers",
-            "use a systemd user session with delegation",
-        )
-    missing = [c for c in ("pids", "memory") if c not in controllers]
-    writable = os.access(base / "cgroup.subtree_control", os.W_OK)
-    if missing or not writable:
-        why = (
-            f"controllers {', '.join(missing)} not delegated" if missing else f"{base} not writable"
-        )
-        return Check(
-            "cgroup v2",
-            False,
-            why,
-            "limits fall back to rlimits; for per-sandbox pids/memory caps run under "
-            "'systemd-run --user --scope -p Delegate=yes'",
-        )
-    return Check("cgroup v2", True, f"delegated at {base}")
-
-
 def require_landlock() -> int:
     """The Landlock ABI, or :class:`Unavailable` naming the fix."""
     abi = landlock_abi()

@@ -284,8 +284,9 @@ def _execute(
                     prefix = [LAUNCHER_INSIDE, *prefix[1:]]
                 command = [*prefix, *command]
             start: _Start | None = None
-            if needs_proxy:
-                start = _Start(policy, audit)
+            cgroup = _make_cgroup(policy, audit) if bwrap is not None else None
+            if needs_proxy or cgroup is not None:
+                start = _Start(policy if needs_proxy else None, audit, cgroup)
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -585,7 +586,8 @@ def _spawn_pty(
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
     try:
-        tty.setraw(in_fd)
+        # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
+        tty.setraw(in_fd, termios.TCSANOW)
         sel.register(master, selectors.EVENT_READ)
         sel.register(in_fd, selectors.EVENT_READ)
         with _forwarding(proc, request.forward_signals, depth):
@@ -652,15 +654,50 @@ def _explain_bwrap_failure(returncode: int) -> None:
     )
 
 
+def _make_cgroup(policy: Policy, audit: AuditLog) -> Any:
+    """A cgroup for this run when the limits layer is on and one can be made, else None."""
+    if not policy.layers.limits:
+        return None
+    from stockade.enforce import limits
+
+    support = limits.detect()
+    if support is None:
+        return None
+    try:
+        return limits.Cgroup.create(
+            support,
+            f"stockade-{audit.run_id}",
+            pids=policy.limits.pids,
+            memory=policy.limits.memory,
+        )
+    except OSError as exc:
+        audit.emit(
+            "layer_note",
+            layer="limits",
+            verdict="report",
+            reason="limit-pids",
+            detail=f"no cgroup ({exc.strerror}); per-process rlimits only",
+        )
+        return None
+
+
 class _Start:
-    """The egress start-up handshake with bubblewrap (``--info-fd`` and ``--block-fd``)."""
+    """The start-up handshake with bubblewrap (``--info-fd`` and ``--block-fd``).
 
-    def __init__(self, policy: Policy, audit: AuditLog) -> None:
-        from stockade.runtime._egress import ProxyThread
+    The command is held until the sandbox's first process is in its cgroup and the
+    proxy listens inside its network namespace.
+    """
 
+    def __init__(self, policy: Policy | None, audit: AuditLog, cgroup: Any) -> None:
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
-        self.proxy = ProxyThread(policy, audit)
+        self.cgroup = cgroup
+        self.audit = audit
+        self.proxy = None
+        if policy is not None:
+            from stockade.runtime._egress import ProxyThread
+
+            self.proxy = ProxyThread(policy, audit)
 
     def child_fds(self) -> tuple[int, int]:
         """The pipe ends bubblewrap inherits."""
@@ -679,7 +716,10 @@ class _Start:
         try:
             pid = read_child_pid(self.info_r)
             self.info_r = -1
-            self.proxy.attach(pid)
+            if self.cgroup is not None:
+                self.cgroup.add(pid)
+            if self.proxy is not None:
+                self.proxy.attach(pid)
         except BaseException:
             _kill_tree(proc)
             raise
@@ -688,9 +728,21 @@ class _Start:
         self.block_w = -1
 
     def close(self) -> None:
-        """Stop the proxy and close what is left of the pipes."""
+        """Stop the proxy, empty and remove the cgroup, close what is left of the pipes."""
         for fd in (self.info_r, self.info_w, self.block_r, self.block_w):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.proxy.close()
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.cgroup is not None:
+            if self.cgroup.oom_killed():
+                self.audit.decision(
+                    "denied",
+                    Decision.deny(
+                        "limits",
+                        Reason.LIMIT_MEMORY,
+                        detail="out of memory in the sandbox's cgroup",
+                    ),
+                )
+            self.cgroup.remove()

@@ -1,0 +1,195 @@
+"""listener_in_netns against real network namespaces, as root and as an unprivileged user."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import must_work_or_skip
+
+from stockade._exceptions import SandboxError
+from stockade.egress import listener_in_netns
+
+pytestmark = pytest.mark.kernel
+
+# Runs in a fresh interpreter (as root, or as uid 65534 through setpriv): starts a bwrap
+# sandbox with its own user and network namespaces, creates the listener inside, and
+# accepts the connection that the sandboxed command makes to 127.0.0.1:PORT.
+SCRIPT = r"""
+import json, os, socket, subprocess, sys
+from stockade.egress import listener_in_netns
+
+port = int(sys.argv[1])
+inner = (
+    "import socket, time\n"
+    "for _ in range(250):\n"
+    "    try:\n"
+    f"        s = socket.create_connection(('127.0.0.1', {port}), 1)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.02)\n"
+    "        continue\n"
+    "    s.sendall(b'from-sandbox'); s.close(); break\n"
+)
+# A python that the sandbox user can execute (a venv may point into a private home).
+inner_python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+read_fd, write_fd = os.pipe()
+proc = subprocess.Popen(
+    ["bwrap", "--unshare-user", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/",
+     "--info-fd", str(write_fd), "--", inner_python, "-c", inner],
+    pass_fds=(write_fd,),
+)
+os.close(write_fd)
+info = b""
+while b"}" not in info:
+    chunk = os.read(read_fd, 4096)
+    if not chunk:
+        break
+    info += chunk
+pid = json.loads(info)["child-pid"]
+listener = listener_in_netns(pid, port)
+listener.settimeout(10)
+conn, _ = listener.accept()
+data = conn.recv(100)
+conn.close()
+listener.close()
+proc.wait(10)
+print("RESULT", data.decode(), os.geteuid())
+"""
+
+
+def _needs(tool: str) -> None:
+    if shutil.which(tool) is None:
+        must_work_or_skip(f"{tool} is not installed")
+
+
+def _run_script(prefix: list[str]) -> str:
+    port = 20000 + os.getpid() % 20000
+    result = subprocess.run(
+        [*prefix, sys.executable, "-c", SCRIPT, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0 and "No permissions to create new namespace" in result.stderr:
+        must_work_or_skip(f"user namespaces are not available: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_bwrap_sandbox_as_current_user() -> None:
+    _needs("bwrap")
+    out = _run_script([])
+    assert f"RESULT from-sandbox {os.geteuid()}" in out
+
+
+def test_bwrap_sandbox_as_nobody() -> None:
+    _needs("bwrap")
+    _needs("setpriv")
+    if os.geteuid() != 0:
+        must_work_or_skip("switching to uid 65534 needs root")
+    out = _run_script(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    assert "RESULT from-sandbox 65534" in out
+
+
+def _new_netns() -> subprocess.Popen[bytes]:
+    sleeper = subprocess.Popen(["unshare", "-n", "sleep", "20"])
+    deadline = time.monotonic() + 5
+    while os.readlink(f"/proc/{sleeper.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+        assert time.monotonic() < deadline, "unshare did not create a namespace"
+        time.sleep(0.01)
+    # unshare leaves loopback down (bwrap brings it up); a client inside needs it.
+    subprocess.run(["nsenter", "-t", str(sleeper.pid), "-n", "ip", "link", "set", "lo", "up"],
+                   check=True)  # fmt: skip
+    return sleeper
+
+
+def test_plain_network_namespace_as_root() -> None:
+    _needs("unshare")
+    _needs("nsenter")
+    _needs("ip")
+    if os.geteuid() != 0:
+        must_work_or_skip("unshare -n needs root")
+    sleeper = _new_netns()
+    try:
+        started = time.monotonic()
+        listener = listener_in_netns(sleeper.pid)
+        elapsed = time.monotonic() - started
+        port = listener.getsockname()[1]
+        assert listener.getsockname()[0] == "127.0.0.1"
+        client = subprocess.Popen(
+            [
+                "nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
+                f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"
+                ".sendall(b'inside')",
+            ]
+        )  # fmt: skip
+        try:
+            listener.settimeout(10)
+            conn, _ = listener.accept()
+            assert conn.recv(100) == b"inside"
+            conn.close()
+            assert client.wait(10) == 0
+        finally:
+            listener.close()
+            client.kill()
+            client.wait()
+        assert elapsed < 1.0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_errors_name_the_step() -> None:
+    with pytest.raises(SandboxError, match="shares our network namespace"):
+        listener_in_netns(os.getpid())
+    with pytest.raises(SandboxError, match="is process"):
+        listener_in_netns(2**22 + 7)
+
+
+def test_listener_is_not_reachable_from_the_host_namespace() -> None:
+    """The socket lives in the sandbox namespace: the host's 127.0.0.1 does not reach it."""
+    _needs("unshare")
+    _needs("nsenter")
+    _needs("ip")
+    if os.geteuid() != 0:
+        must_work_or_skip("unshare -n needs root")
+    sleeper = _new_netns()
+    try:
+        listener = listener_in_netns(sleeper.pid)
+        port = listener.getsockname()[1]
+        probe = socket.socket()
+        probe.settimeout(2)
+        try:
+            with pytest.raises(ConnectionRefusedError):
+                probe.connect(("127.0.0.1", port))
+        finally:
+            probe.close()
+            listener.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_info_json_shape() -> None:
+    """Guard the bwrap --info-fd format the script relies on."""
+    _needs("bwrap")
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.run(
+        ["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--info-fd", str(write_fd), "true"],
+        pass_fds=(write_fd,),
+        capture_output=True,
+        check=False,
+    )
+    os.close(write_fd)
+    data = os.read(read_fd, 4096)
+    os.close(read_fd)
+    if proc.returncode != 0:
+        must_work_or_skip(f"bwrap cannot run here: {proc.stderr.decode().strip()}")
+    assert isinstance(json.loads(data)["child-pid"], int)

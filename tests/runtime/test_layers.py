@@ -1,0 +1,209 @@
+"""Each layer on its own and all together, through ``stockade run`` on the real kernel."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import World
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+ALL = ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
+
+
+def only(*layers: str) -> tuple[str, ...]:
+    args: list[str] = []
+    for layer in ALL:
+        if layer not in layers:
+            args += ["--disable", layer]
+    return tuple(args)
+
+
+def test_files_alone_stops_reading_home_and_writing_outside(world: World) -> None:
+    target = world.root / "outside.txt"
+    proc = world.stockade(
+        "run",
+        *only("files"),
+        "--",
+        "sh",
+        "-c",
+        f"cat {world.home}/.ssh/id_ed25519; echo x > {target}; echo y >> {world.home}/.bashrc; echo ok > in.txt",
+    )
+    assert world.canary not in proc.stdout
+    assert not target.exists()
+    assert (world.home / ".bashrc").read_text() == "# bashrc\n"
+    # The twin: the workspace stays readable and writable.
+    assert (world.workspace / "in.txt").read_text() == "ok\n"
+    assert "Permission denied" in proc.stderr
+
+
+def test_files_alone_stops_symlink_and_hardlink_to_canary(world: World) -> None:
+    proc = world.stockade(
+        "run",
+        *only("files"),
+        "--",
+        "sh",
+        "-c",
+        f"ln -s {world.home}/.ssh/id_ed25519 k; cat k; ln {world.home}/.ssh/id_ed25519 h; ls",
+    )
+    assert world.canary not in proc.stdout
+    assert not (world.workspace / "h").exists()
+
+
+def test_container_alone_stops_the_same(world: World) -> None:
+    target = world.root / "outside.txt"
+    proc = world.stockade(
+        "run",
+        *only("container"),
+        "--",
+        "sh",
+        "-c",
+        f"cat {world.home}/.ssh/id_ed25519; echo x > {target}; echo ok > in.txt",
+    )
+    assert world.canary not in proc.stdout
+    assert not target.exists()
+    assert (world.workspace / "in.txt").read_text() == "ok\n"
+
+
+def test_all_layers_status_and_namespaces(world: World) -> None:
+    proc = world.stockade(
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; unshare -U true && echo UNSHARE-OK; "
+        "unshare -m true && echo MOUNTNS-OK; cat ~/.ssh/id_ed25519; echo ok > in.txt",
+    )
+    assert "Seccomp:\t2" in proc.stdout
+    assert "NoNewPrivs:\t1" in proc.stdout
+    assert "CapEff:\t0000000000000000" in proc.stdout
+    assert "UNSHARE-OK" not in proc.stdout
+    assert "MOUNTNS-OK" not in proc.stdout
+    assert world.canary not in proc.stdout
+    assert (world.workspace / "in.txt").read_text() == "ok\n"
+
+
+def test_nested_userns_rename_trick_fails(world: World) -> None:
+    """The bypass of isolation.md §9.2: nested userns + pivot_root + rename a carve-out."""
+    subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
+    script = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+r = libc.unshare(CLONE_NEWUSER | CLONE_NEWNS)
+print("unshare", r, ctypes.get_errno())
+try:
+    os.rename(".git/hooks", ".git/hooks.aside")
+    os.makedirs(".git/hooks")
+    open(".git/hooks/pre-commit", "w").write("evil")
+    print("RENAMED")
+except OSError as e:
+    print("rename failed", e.errno)
+"""
+    proc = world.stockade("run", "--", "python3", "-c", script)
+    assert "RENAMED" not in proc.stdout, proc.stdout + proc.stderr
+    assert not (world.workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert "unshare -1" in proc.stdout
+
+
+def _pty_run(world: World, script: bytes, *args: str, wait: float = 15) -> bytes:
+    """Run ``stockade run ARGS`` on a pty as its terminal; type ``script``; return the screen."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        os.chdir(world.workspace)
+        os.execve(sys.executable, [sys.executable, "-m", "stockade", "run", *args], world.env)
+    out = b""
+    os.write(fd, script)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        else:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    os.close(fd)
+    return out
+
+
+def test_interactive_bash_under_a_pty(world: World) -> None:
+    screen = _pty_run(world, b"echo $((6*7))-$((100+1))\nexit 3\n", "--", "bash", "--norc", "-i")
+    assert b"42-101" in screen
+
+
+def test_tiocsti_cannot_reach_the_callers_terminal(world: World) -> None:
+    # The sandbox pushes "echo INJECTED" into every terminal it holds; the caller's
+    # terminal (the pty this test owns) must never see it typed back as input.
+    script = (
+        "import fcntl, termios\n"
+        "for fd in (0, 1, 2):\n"
+        "    try:\n"
+        "        for ch in b'touch INJECTED\\n':\n"
+        "            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))\n"
+        "        print('pushed', fd)\n"
+        "    except OSError as e:\n"
+        "        print('refused', fd, e.errno)\n"
+    )
+    screen = _pty_run(world, b"", "--", "python3", "-c", script)
+    assert b"refused 0" in screen
+    assert not (world.workspace / "INJECTED").exists()
+
+
+def test_limits_file_size(world: World) -> None:
+    (world.workspace / "p.toml").write_text('[limits]\nfile_size = "1MiB"\n')
+    world.stockade(
+        "run",
+        "--policy",
+        "p.toml",
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=big bs=1M count=4 2>&1; dd if=/dev/zero of=small bs=1K count=4 2>&1",
+    )
+    assert (world.workspace / "big").stat().st_size <= 1024 * 1024
+    assert (world.workspace / "small").stat().st_size == 4096
+
+
+def test_limits_pids(world: World) -> None:
+    (world.workspace / "p.toml").write_text("[limits]\npids = 20\n")
+    proc = world.stockade(
+        "run",
+        "--policy",
+        "p.toml",
+        "--timeout",
+        "20",
+        "--",
+        "python3",
+        "-c",
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(5); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('stopped at', n, e.errno)\n",
+    )
+    assert "stopped at" in proc.stdout, proc.stderr
+    n = int(proc.stdout.split()[2])
+    assert 5 <= n < 20
