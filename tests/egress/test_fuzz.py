@@ -7,11 +7,11 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from conftest import ProxyHarness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stockade.egress import EgressRules
+from tests.egress.conftest import ProxyHarness
 
 TEMPLATES = [
     b"GET http://allowed.test:9/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",

@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
-from conftest import must_work_or_skip
 
 from stockade._exceptions import SandboxError
 from stockade.egress import listener_in_netns
+from tests.egress.conftest import must_work_or_skip
 
 pytestmark = pytest.mark.kernel
 

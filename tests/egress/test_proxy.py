@@ -13,7 +13,8 @@ import socket
 from collections.abc import Callable
 
 import pytest
-from conftest import (
+
+from tests.egress.conftest import (
     TIMEOUT,
     ProxyHarness,
     RecordingHTTPServer,

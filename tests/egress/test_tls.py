@@ -8,9 +8,16 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import TIMEOUT, ProxyHarness, TLSServer, read_all, read_http_response, socks_connect
 
 from stockade.egress._tls import ClientHelloError, NotTLS, parse_client_hello
+from tests.egress.conftest import (
+    TIMEOUT,
+    ProxyHarness,
+    TLSServer,
+    read_all,
+    read_http_response,
+    socks_connect,
+)
 
 MakeProxy = Callable[..., ProxyHarness]
 

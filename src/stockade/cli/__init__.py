@@ -21,6 +21,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "check": ("stockade.cli.check", "validate a policy and print the effective policy"),
     "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
+    "explain": ("stockade.cli.explain", "what a policy still lets through, and its deliberate exceptions"),
+    "probe": ("stockade.cli.probe", "run attack scenarios under every layer subset; model vs reality"),
 }
 
 PROG = "stockade"

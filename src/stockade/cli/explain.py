@@ -1,0 +1,245 @@
+"""``stockade explain``: what a policy still lets through, read from the policy alone.
+
+Static: nothing is run. For each allowed destination it lists the effects that remain
+(download; upload, i.e. which methods an inspected host still accepts; a bound
+credential), flags destinations that accept writes as exfiltration channels, lists the
+policy's deliberate exceptions with a risk note each, and gives the residual the model
+predicts for the extended scenario's attacks under this policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+#: Broad or dual-use destinations: anyone can publish there, so an allow is a way out.
+_BROAD = (
+    ("github.com", "anyone can push to a repository or open a gist/issue there"),
+    ("*.github.com", "anyone can push to a repository or open a gist/issue there"),
+    ("githubusercontent.com", "serves content any user uploads"),
+    ("*.amazonaws.com", "every customer's buckets and APIs, including an attacker's"),
+    ("*.googleapis.com", "every customer's storage and APIs, including an attacker's"),
+    ("*.blob.core.windows.net", "every customer's storage, including an attacker's"),
+    ("*.cloudfront.net", "any customer's distribution"),
+    ("*.herokuapp.com", "any customer's app"),
+    ("*.vercel.app", "any customer's app"),
+)
+_PASTE = (
+    "webhook.site",
+    "requestbin",
+    "pipedream.net",
+    "pastebin.com",
+    "paste.ee",
+    "hastebin",
+    "transfer.sh",
+    "file.io",
+    "ngrok",
+    "ngrok-free.app",
+    "trycloudflare.com",
+    "loca.lt",
+    "serveo.net",
+    "interact.sh",
+    "oast.",
+    "burpcollaborator",
+)
+_DOH = ("dns.google", "cloudflare-dns.com", "1.1.1.1", "8.8.8.8", "dns.quad9.net", "doh.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``stockade explain``."""
+    parser.add_argument(
+        "--policy", type=Path, default=None, help="policy file (default: the search order)"
+    )
+    parser.add_argument(
+        "--workspace", type=Path, default=None, help="workspace (default: the policy's)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the analysis as JSON")
+
+
+def _broad_note(entry: str) -> str | None:
+    host = entry.lower().split(":")[0]
+    for pattern, note in _BROAD:
+        bare = pattern.removeprefix("*.")
+        if host in (pattern, bare) or host.endswith("." + bare):
+            return f"broad destination: {note}"
+    if any(p in host for p in _PASTE):
+        return "paste, webhook or tunnel service: made for receiving data from anywhere"
+    if any(host == d or host.startswith(d) or host.endswith("." + d) for d in _DOH):
+        return "DNS-over-HTTPS endpoint: any name can be resolved (and data leaked in names)"
+    if host.startswith("*."):
+        return "wildcard: every subdomain, including ones created later by someone else"
+    return None
+
+
+def analyse(policy: Any) -> dict[str, Any]:
+    """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data."""
+    from stockade.model import Action, Boundary, Kind, evaluate
+    from stockade.policy import LAYERS, Policy
+    from stockade.probe import scenarios
+
+    assert isinstance(policy, Policy)
+    boundary = Boundary(policy)
+    layers = policy.layers
+    destinations = []
+    for entry in policy.network.allow:
+        host = entry.split(":")[0].removeprefix("*.")
+        rules = boundary.rules_for(host)
+        methods = sorted({m for r in rules for m in r.methods}) if rules else ["any"]
+        writes = not rules or any(
+            not r.methods or {"PUT", "POST", "PATCH", "DELETE"} & {m.upper() for m in r.methods}
+            for r in rules
+        )
+        inspected = layers.inspect and bool(rules)
+        effects = ["download"] + (["upload"] if writes else [])
+        destinations.append(
+            {
+                "entry": entry,
+                "effects": effects,
+                "methods": methods,
+                "inspected": inspected,
+                "bound_credential": boundary.bound(host),
+                "exfiltration_channel": writes,
+                "note": (
+                    "accepts writes: anything the sandbox reads can leave through it"
+                    if writes
+                    else "read-only by request rules"
+                ),
+                "risk": _broad_note(entry),
+            }
+        )
+    exceptions = []
+    fs = policy.filesystem
+    for path in fs.write:
+        exceptions.append(
+            {
+                "kind": "writable path",
+                "value": str(path),
+                "risk": "written outside the workspace; anything there may run later on the host",
+            }
+        )
+    for path in fs.read:
+        exceptions.append(
+            {
+                "kind": "readable path",
+                "value": str(path),
+                "risk": "readable inside, so its contents can leave through any open channel",
+            }
+        )
+    for path in (*fs.read, *fs.write):
+        if path.suffix == ".sock" or "sock" in path.name:
+            exceptions.append(
+                {
+                    "kind": "unix socket",
+                    "value": str(path),
+                    "risk": "a host service reachable from inside (docker.sock means root on the host)",
+                }
+            )
+    for name, address in policy.network.hosts.items():
+        exceptions.append(
+            {
+                "kind": "pinned host",
+                "value": f"{name} = {address}",
+                "risk": "explicitly allows that address, even loopback or private",
+            }
+        )
+    for entry in policy.network.allow:
+        risk = _broad_note(entry)
+        if risk:
+            exceptions.append({"kind": "broad destination", "value": entry, "risk": risk})
+    for layer in LAYERS:
+        if not getattr(layers, layer):
+            exceptions.append(
+                {
+                    "kind": "disabled layer",
+                    "value": layer,
+                    "risk": f"everything the {layer} layer stops is open",
+                }
+            )
+    for e in policy.env.pass_:
+        if e.allow_secret:
+            exceptions.append(
+                {
+                    "kind": "secret passed",
+                    "value": e.name,
+                    "risk": "the real value is inside the sandbox and can be sent anywhere open",
+                }
+            )
+    # The residual: the extended scenario's attacks re-aimed at this policy's workspace.
+    layout = scenarios.Layout(Path("/nonexistent-probe-world"))
+    sc = scenarios.build("extended", layout)
+    residual_actions = [
+        replace(
+            a,
+            target=a.target.replace(str(layout.workspace), str(fs.workspace)),
+            resolved=a.resolved.replace(str(layout.workspace), str(fs.workspace)),
+            # A resource attack is always just past this policy's own cap.
+            amount=policy.limits.file_size + 1 if a.kind is Kind.RESOURCE else a.amount,
+        )
+        for a in sc.actions
+    ]
+    for entry in policy.network.allow:
+        host = entry.split(":")[0].replace("*", "any")
+        residual_actions.append(
+            Action(
+                f"upload-to:{entry}",
+                Kind.NET_REQUEST,
+                host,
+                False,
+                f"upload (POST) to the allowed {entry}",
+                host=host,
+                port=443,
+                method="POST",
+                path="/",
+            )
+        )
+    ev = evaluate(boundary, residual_actions, layers.active())
+    residual = [
+        {"action": o.action.id, "description": o.action.description}
+        for o in ev.outcomes
+        if o.through and not o.action.needed
+    ]
+    return {
+        "policy": list(policy.sources),
+        "layers": list(layers.active()),
+        "destinations": destinations,
+        "exceptions": exceptions,
+        "residual": residual,
+    }
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Print the analysis."""
+    from stockade.policy import load_policy
+
+    policy = load_policy(args.policy, workspace=args.workspace)
+    data = analyse(policy)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"policy: {', '.join(data['policy'])}; layers on: {', '.join(data['layers'])}")
+    print("\ndestinations:")
+    if not data["destinations"]:
+        print("  none: the sandbox has no network")
+    for d in data["destinations"]:
+        flag = "  EXFILTRATION CHANNEL" if d["exfiltration_channel"] else ""
+        cred = ", bound credential" if d["bound_credential"] else ""
+        print(
+            f"  {d['entry']}: {' + '.join(d['effects'])} (methods: {', '.join(d['methods'])}{cred}){flag}"
+        )
+        print(f"      {d['note']}")
+        if d["risk"]:
+            print(f"      risk: {d['risk']}")
+    print("\ndeliberate exceptions:")
+    if not data["exceptions"]:
+        print("  none")
+    for e in data["exceptions"]:
+        print(f"  {e['kind']}: {e['value']}\n      risk: {e['risk']}")
+    print("\nresidual (the model, on the extended scenario's attacks):")
+    if not data["residual"]:
+        print("  nothing gets through")
+    for r in data["residual"]:
+        print(f"  open: {r['action']}: {r['description']}")
+    return 0

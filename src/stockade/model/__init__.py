@@ -1,0 +1,74 @@
+"""The boundary model: actions, the layers as predicates, and evaluation over layer subsets.
+
+Pure: no I/O, and nothing of stockade is imported but :mod:`stockade.policy`. For a given
+:class:`~stockade.policy.Policy`, :class:`Boundary` has one predicate per layer, "does
+this layer stop this action", derived from the same policy the enforcement reads. An
+action gets through a set of layers only when no layer of the set stops it, so adding a
+layer never opens anything (:func:`check_monotonic` checks it on every subset).
+
+The layers (in sync with DESIGN §2; mechanism, then what it stops):
+
+files      Landlock ruleset applied inside the sandbox just before exec.
+           Stops reading home/secrets, writing outside the workspace, through any
+           symlink or hard link; with ABI 6 scopes, signals and abstract sockets out.
+container  bubblewrap: user, mount, PID, IPC, UTS (cgroup) namespaces; read-only
+           system binds; tmpfs HOME and /tmp; --die-with-parent --disable-userns.
+           Stops seeing or signalling host processes, surviving the sandbox, host
+           sockets, the nested-userns remount trick, writes to protected paths.
+syscalls   seccomp filter. Stops new namespaces, mount API, keyctl, bpf, perf,
+           userfaultfd, io_uring, ptrace of others.
+secrets    environment built from an allow-list. Stops tokens in env vars.
+egress     empty network namespace; the only way out is the stockade proxy; DNS only
+           by the proxy. Stops hosts not on the allow-list, raw IPs, DNS exfiltration,
+           private/loopback/metadata addresses.
+inspect    TLS interception; method/path rules; credential binding; data scanning.
+           Stops uploads to an allow-listed host, an attacker's key on an allowed API,
+           a secret sent to the wrong host.
+limits     rlimits and, where available, a cgroup. Stops fork/memory/disk bombs, hangs.
+
+What each does NOT stop is what the probe's extended scenario shows: the container does
+not stop reads of what is bound in, egress does not stop what an allowed connection
+carries, inspect does not stop a host left as an opaque tunnel.
+"""
+
+from __future__ import annotations
+
+from stockade.model._actions import Action as Action
+from stockade.model._actions import Credential as Credential
+from stockade.model._actions import Kind as Kind
+from stockade.model._evaluate import Evaluation as Evaluation
+from stockade.model._evaluate import Outcome as Outcome
+from stockade.model._evaluate import Violation as Violation
+from stockade.model._evaluate import canonical as canonical
+from stockade.model._evaluate import check_monotonic as check_monotonic
+from stockade.model._evaluate import evaluate as evaluate
+from stockade.model._evaluate import exercised_layers as exercised_layers
+from stockade.model._evaluate import subsets as subsets
+from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
+from stockade.model._layers import SYSTEM_PATHS as SYSTEM_PATHS
+from stockade.model._layers import Boundary as Boundary
+from stockade.model._layers import Inspection as Inspection
+from stockade.model._layers import RequestRule as RequestRule
+from stockade.model._layers import host_public as host_public
+from stockade.model._layers import parse_host_entry as parse_host_entry
+
+__all__ = [
+    "BLOCKED_SYSCALLS",
+    "SYSTEM_PATHS",
+    "Action",
+    "Boundary",
+    "Credential",
+    "Evaluation",
+    "Inspection",
+    "Kind",
+    "Outcome",
+    "RequestRule",
+    "Violation",
+    "canonical",
+    "check_monotonic",
+    "evaluate",
+    "exercised_layers",
+    "host_public",
+    "parse_host_entry",
+    "subsets",
+]

@@ -1,0 +1,72 @@
+"""Actions: what a command inside the sandbox may try to do, as plain values."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(enum.StrEnum):
+    """The kinds of action the layers are judged on."""
+
+    FILE_READ = "file_read"
+    FILE_WRITE = "file_write"
+    #: a process started inside is still running on the host after the sandbox ends
+    PROCESS_SURVIVE = "process_survive"
+    #: deliver a signal to a process of the host
+    PROCESS_SIGNAL = "process_signal"
+    #: open a TCP connection to ``host:port`` (raw bytes, or a tunnel through the proxy)
+    NET_CONNECT = "net_connect"
+    #: one HTTP request: ``method`` ``host`` ``path``
+    NET_REQUEST = "net_request"
+    ENV_READ = "env_read"
+    #: a DNS query whose name carries data (``host`` is the name asked for)
+    DNS_LOOKUP = "dns_lookup"
+    #: connect to a unix socket: a path, or ``@name`` for the abstract namespace
+    UNIX_CONNECT = "unix_connect"
+    #: a kernel facility named by ``target`` (``userns``, ``mount``, ``bpf``, ...)
+    SYSCALL = "syscall"
+    #: consume a resource named by ``target`` (``file_size``, ``pids``, ...) up to ``amount``
+    RESOURCE = "resource"
+
+
+class Credential(enum.StrEnum):
+    """Which credential an HTTP request carries."""
+
+    NONE = "none"
+    #: the credential the policy binds to the host (the sandbox holds a placeholder)
+    BOUND = "bound"
+    #: any other credential, e.g. an attacker's own API key
+    FOREIGN = "foreign"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One thing a command tries, and whether the task needs it.
+
+    ``target`` is what the action is aimed at: a path, an environment variable name, a
+    ``host:port``, a socket path. File actions judge ``resolved`` when it is set (the
+    real file a link in ``target`` points at), because Landlock and the mount table act
+    on the real file, never on a spelling. Network actions use ``host``, ``port``,
+    ``method`` and ``path``; ``address`` is the IP the host is known to resolve to
+    (empty when unknown, taken as public).
+    """
+
+    id: str
+    kind: Kind
+    target: str
+    needed: bool
+    description: str = ""
+    host: str = ""
+    port: int = 0
+    method: str = ""
+    path: str = ""
+    address: str = ""
+    resolved: str = ""
+    credential: Credential = Credential.NONE
+    amount: int = 0
+
+    @property
+    def file_path(self) -> str:
+        """The path a file or socket action is judged on."""
+        return self.resolved or self.target

@@ -1,0 +1,442 @@
+"""One predicate per layer: "does this layer, under this policy, stop this action?".
+
+Each predicate reads only the policy (and the few facts of the build the enforcement
+also hard-codes, listed below); none depends on which other layers are on. That
+independence is what makes the boundary monotonic: an action gets through a set of
+layers only when no layer of the set stops it, so adding a layer can only stop more.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from stockade.model._actions import Action, Credential, Kind
+from stockade.policy import LAYERS, Policy, Reason
+from stockade.policy._credentials import looks_like_credential
+
+# The tables below repeat what the enforcement modules hard-code (the model may import
+# only ``stockade.policy``); tests/model compares each with its source so they cannot drift.
+
+#: enforce.bubblewrap.SYSTEM_PATHS: bound read-only by the container, readable under Landlock
+SYSTEM_PATHS: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    "/sys/devices/system/cpu",
+)
+
+#: enforce.bubblewrap.SYSTEM_SECRETS: masked (empty) inside the container
+SYSTEM_SECRETS: tuple[str, ...] = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssl/private",
+)
+
+#: enforce.paths.DEFAULT_PROTECTED: read-only inside the writable workspace
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    ".git/hooks",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/commondir",
+    ".git/modules/*/hooks",
+    ".git/modules/*/config",
+    ".git/worktrees/*/gitdir",
+    ".git/worktrees/*/commondir",
+    ".git/worktrees/*/config.worktree",
+    ".gitmodules",
+    ".claude",
+    ".mcp.json",
+    ".cursor",
+    ".vscode",
+    ".idea",
+    ".husky",
+    ".envrc",
+    ".devcontainer",
+    "stockade.toml",
+)
+
+#: enforce.environment.BASE_NAMES: always passed from the caller when set
+BASE_ENV_NAMES: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "COLORTERM",
+)
+_LC = re.compile(r"^LC_[A-Z]+$")
+
+#: Kernel facilities the seccomp filter refuses (DESIGN §2, ``syscalls``).
+BLOCKED_SYSCALLS: frozenset[str] = frozenset(
+    {
+        "userns",
+        "mount",
+        "keyctl",
+        "bpf",
+        "perf",
+        "userfaultfd",
+        "io_uring",
+        "ptrace",
+    }
+)
+
+#: What the container refuses even without seccomp: ``--disable-userns`` and no
+#: capabilities in the sandbox's user namespace.
+CONTAINER_SYSCALLS: frozenset[str] = frozenset({"userns", "mount"})
+
+_METADATA = frozenset({"169.254.169.254", "fd00:ec2::254", "100.100.100.200"})
+
+Predicate = Callable[[Action], Reason | None]
+
+
+def _within(path: str, root: str) -> bool:
+    p, r = PurePosixPath(path), PurePosixPath(root)
+    return p == r or r in p.parents
+
+
+def _within_any(path: str, roots: Iterable[str]) -> bool:
+    return any(_within(path, r) for r in roots)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRule:
+    """An ``inspect`` rule: on ``host``, requests with these methods and path prefixes pass.
+
+    Empty ``methods`` or ``paths`` means any. A host with at least one rule is inspected;
+    a request there that no rule allows is refused.
+    """
+
+    host: str
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def allows(self, method: str, path: str) -> bool:
+        """True when this rule lets ``method path`` through."""
+        if self.methods and method.upper() not in {m.upper() for m in self.methods}:
+            return False
+        return not self.paths or any(path.startswith(p) for p in self.paths)
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What the ``inspect`` layer is told beyond the allow-list.
+
+    The v1 policy schema has no place for request rules or credential bindings yet, so
+    they are given here; the probe reports ``inspect`` as not enforceable while the
+    policy the runtime reads cannot carry them.
+    """
+
+    rules: tuple[RequestRule, ...] = ()
+    #: hosts to which the policy binds a credential (placeholder swapped by the proxy)
+    bound_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _HostEntry:
+    text: str
+    host: str
+    port: int | None
+    suffix: bool = False
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
+
+    def matches(self, host: str, port: int) -> bool:
+        if self.port is not None and port != self.port:
+            return False
+        if self.network is not None:
+            address = _ip(host)
+            return address is not None and address in self.network
+        if self.suffix:
+            return host.endswith("." + self.host)
+        return host == self.host
+
+    def names_address(self, address: str, port: int) -> bool:
+        if self.port is not None and port != self.port:
+            return False
+        ip = _ip(address)
+        return ip is not None and self.network is not None and ip in self.network
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
+
+
+def parse_host_entry(text: str) -> _HostEntry:
+    """Parse an allow/deny entry (``host``, ``*.suffix``, ``host:port``, IP, CIDR)."""
+    raw = text.strip().lower()
+    port: int | None = None
+    if raw.startswith("["):
+        end = raw.index("]")
+        rest = raw[end + 1 :]
+        raw, port = raw[1:end], int(rest[1:]) if rest.startswith(":") else None
+    elif raw.count(":") == 1:
+        raw, port_text = raw.split(":")
+        port = int(port_text)
+    raw = raw.rstrip(".")
+    if "/" in raw or _ip(raw) is not None:
+        network = ipaddress.ip_network(raw, strict=False)
+        return _HostEntry(text, str(network), port, network=network)
+    if raw.startswith("*."):
+        return _HostEntry(text, raw[2:], port, suffix=True)
+    return _HostEntry(text, raw, port)
+
+
+def host_public(address: str) -> bool:
+    """True for an address the egress layer treats as public (not loopback, private, ...)."""
+    ip = _ip(address)
+    if ip is None:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The layers of one policy as predicates.
+
+    ``landlock_scopes`` says whether the kernel offers Landlock's ABI 6 scopes (signals and
+    abstract unix sockets limited to the sandbox), which the files layer then applies.
+    """
+
+    policy: Policy
+    inspection: Inspection = field(default_factory=Inspection)
+    landlock_scopes: bool = True
+
+    def predicate(self, layer: str) -> Predicate:
+        """The predicate of ``layer``."""
+        if layer not in LAYERS:
+            raise ValueError(f"unknown layer {layer!r}; layers are {', '.join(LAYERS)}")
+        fn: Predicate = getattr(self, f"_{layer}")
+        return fn
+
+    def stops(self, layer: str, action: Action) -> Reason | None:
+        """The reason ``layer`` stops ``action``, or None when it lets it through."""
+        return self.predicate(layer)(action)
+
+    # -- files: Landlock on the real files ---------------------------------------------
+
+    def _readable(self) -> tuple[str, ...]:
+        fs = self.policy.filesystem
+        return (
+            *SYSTEM_PATHS,
+            str(fs.workspace),
+            *(str(p) for p in fs.read),
+            *(str(p) for p in fs.write),
+        )
+
+    def _writable(self) -> tuple[str, ...]:
+        fs = self.policy.filesystem
+        return (str(fs.workspace), *(str(p) for p in fs.write))
+
+    def _files(self, action: Action) -> Reason | None:
+        # The sandbox's own scratch directories (TMPDIR, a throw-away HOME) are granted too;
+        # an action aimed at the host is never aimed at them, so they do not appear here.
+        if action.kind is Kind.FILE_READ:
+            if not _within_any(action.file_path, self._readable()):
+                return Reason.PATH_NOT_GRANTED
+        elif action.kind is Kind.FILE_WRITE:
+            if not _within_any(action.file_path, self._writable()):
+                return Reason.PATH_NOT_GRANTED
+        elif action.kind is Kind.PROCESS_SIGNAL:
+            if self.landlock_scopes:
+                return Reason.PROCESS_CONTAINED
+        elif (
+            action.kind is Kind.UNIX_CONNECT
+            and action.target.startswith("@")
+            and self.landlock_scopes
+        ):
+            return Reason.PROCESS_CONTAINED
+        return None
+
+    # -- container: bubblewrap namespaces and binds ------------------------------------
+
+    def _visible(self, path: str) -> Reason | None:
+        fs = self.policy.filesystem
+        granted = (str(fs.workspace), *(str(p) for p in fs.read), *(str(p) for p in fs.write))
+        if _within_any(path, SYSTEM_SECRETS):
+            return Reason.PATH_DENIED
+        if self._denied(path):
+            return Reason.PATH_DENIED
+        if _within_any(path, granted):
+            return None
+        if _within_any(path, SYSTEM_PATHS):
+            return None
+        # Everything else (HOME is a fresh tmpfs, /tmp too, no other host directory is
+        # bound) does not exist inside.
+        return Reason.PATH_NOT_GRANTED
+
+    def _denied(self, path: str) -> bool:
+        ws = str(self.policy.filesystem.workspace)
+        for pattern in self.policy.filesystem.deny:
+            full = pattern if pattern.startswith("/") else f"{ws}/{pattern}"
+            if fnmatch.fnmatchcase(path, full) or any(
+                fnmatch.fnmatchcase(str(parent), full) for parent in PurePosixPath(path).parents
+            ):
+                return True
+        return False
+
+    def _protected(self, path: str) -> bool:
+        ws = PurePosixPath(self.policy.filesystem.workspace)
+        p = PurePosixPath(path)
+        if not (p == ws or ws in p.parents):
+            return False
+        rel = p.relative_to(ws)
+        candidates = [rel, *list(rel.parents)[:-1]]
+        for pattern in (*DEFAULT_PROTECTED, *self.policy.filesystem.protect):
+            if any(fnmatch.fnmatchcase(str(c), pattern) for c in candidates):
+                return True
+        return False
+
+    def _container(self, action: Action) -> Reason | None:
+        kind = action.kind
+        if kind is Kind.FILE_READ:
+            return self._visible(action.file_path)
+        if kind is Kind.FILE_WRITE:
+            path = action.file_path
+            if self._denied(path):
+                return Reason.PATH_DENIED
+            if not _within_any(path, self._writable()):
+                return Reason.PATH_NOT_GRANTED
+            if self._protected(path):
+                return Reason.PATH_PROTECTED
+            return None
+        if kind in (Kind.PROCESS_SURVIVE, Kind.PROCESS_SIGNAL):
+            return Reason.PROCESS_CONTAINED
+        if kind is Kind.UNIX_CONNECT:
+            if action.target.startswith("@"):
+                # Abstract sockets belong to the network namespace, which the container
+                # shares with the host unless egress gives it one of its own.
+                return None
+            return None if self._visible(action.target) is None else Reason.PATH_NOT_GRANTED
+        if kind is Kind.SYSCALL and action.target in CONTAINER_SYSCALLS:
+            return Reason.SYSCALL_BLOCKED
+        return None
+
+    # -- syscalls: seccomp --------------------------------------------------------------
+
+    def _syscalls(self, action: Action) -> Reason | None:
+        if action.kind is Kind.SYSCALL and action.target in BLOCKED_SYSCALLS:
+            return Reason.SYSCALL_BLOCKED
+        return None
+
+    # -- secrets: the environment allow-list -------------------------------------------
+
+    def _secrets(self, action: Action) -> Reason | None:
+        if action.kind is not Kind.ENV_READ:
+            return None
+        name = action.target
+        env = self.policy.env
+        if (
+            name in BASE_ENV_NAMES
+            or _LC.match(name)
+            or name in {"HOME", "TMPDIR"}
+            or name in env.set
+            or any(e.name == name for e in env.pass_)
+        ):
+            return None
+        return Reason.CREDENTIAL_ENV if looks_like_credential(name) else Reason.ENV_NOT_PASSED
+
+    # -- egress: empty network namespace, the proxy and its allow-list -----------------
+
+    def host_decision(self, host: str, port: int, address: str = "") -> Reason | None:
+        """The egress verdict on ``host:port`` known to resolve to ``address``."""
+        net = self.policy.network
+        host = host.lower().rstrip(".")
+        deny = [parse_host_entry(e) for e in net.deny]
+        allow = [parse_host_entry(e) for e in net.allow]
+        if any(e.matches(host, port) for e in deny):
+            return Reason.HOST_DENIED
+        if not any(e.matches(host, port) for e in allow):
+            return Reason.HOST_NOT_ALLOWED
+        pinned = {k.lower().rstrip("."): v.strip("[]") for k, v in net.hosts.items()}
+        address = pinned.get(host, address or (host if _ip(host) is not None else ""))
+        if not address or host_public(address):
+            return None
+        if any(e.names_address(address, port) for e in deny):
+            return Reason.HOST_DENIED
+        if address in _METADATA:
+            # Only an allow entry naming that single address opens a metadata endpoint.
+            single = [e for e in allow if e.network is not None and e.network.num_addresses == 1]
+            ok = any(e.names_address(address, port) for e in single)
+            return None if ok else Reason.ADDRESS_METADATA
+        if pinned.get(host) == address or any(e.names_address(address, port) for e in allow):
+            return None
+        return Reason.ADDRESS_NOT_PUBLIC
+
+    def _egress(self, action: Action) -> Reason | None:
+        kind = action.kind
+        if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST):
+            return self.host_decision(action.host, action.port, action.address)
+        if kind is Kind.DNS_LOOKUP:
+            # The sandbox has no resolver; the proxy resolves only names it may connect to.
+            allowed = self.host_decision(action.host, action.port or 443) is None
+            return None if allowed else Reason.HOST_NOT_ALLOWED
+        if kind is Kind.UNIX_CONNECT and action.target.startswith("@"):
+            return Reason.UNSUPPORTED_PROTOCOL
+        return None
+
+    # -- inspect: request rules and credential binding ---------------------------------
+
+    def rules_for(self, host: str) -> tuple[RequestRule, ...]:
+        """The request rules that apply to ``host``."""
+        host = host.lower().rstrip(".")
+        return tuple(r for r in self.inspection.rules if parse_host_entry(r.host).matches(host, 0))
+
+    def bound(self, host: str) -> bool:
+        """True when the policy binds a credential to ``host``."""
+        host = host.lower().rstrip(".")
+        return any(parse_host_entry(h).matches(host, 0) for h in self.inspection.bound_hosts)
+
+    def _inspect(self, action: Action) -> Reason | None:
+        if action.kind is not Kind.NET_REQUEST:
+            return None
+        if action.credential is Credential.FOREIGN and self.bound(action.host):
+            return Reason.FOREIGN_CREDENTIAL
+        if action.credential is Credential.BOUND and not self.bound(action.host):
+            return Reason.SECRET_WRONG_HOST
+        rules = self.rules_for(action.host)
+        if rules and not any(r.allows(action.method, action.path) for r in rules):
+            return Reason.RULE_DENIED
+        return None
+
+    # -- limits: rlimits and cgroup ----------------------------------------------------
+
+    def _limits(self, action: Action) -> Reason | None:
+        if action.kind is not Kind.RESOURCE:
+            return None
+        lim = self.policy.limits
+        caps: dict[str, tuple[float, Reason]] = {
+            "file_size": (lim.file_size, Reason.LIMIT_FILE_SIZE),
+            "pids": (lim.pids, Reason.LIMIT_PIDS),
+            "memory": (lim.memory, Reason.LIMIT_MEMORY),
+            "cpu_seconds": (lim.cpu_seconds, Reason.LIMIT_CPU),
+            "wall_seconds": (lim.wall_seconds, Reason.LIMIT_WALL_TIME),
+        }
+        cap = caps.get(action.target)
+        if cap is None or not cap[0]:
+            return None
+        return cap[1] if action.amount > cap[0] else None

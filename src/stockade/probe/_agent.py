@@ -1,0 +1,274 @@
+"""The scenario's "test suite": a stdlib-only script that attempts each action.
+
+It is copied into the workspace and run inside the sandbox as ``python3 SCRIPT PLAN``.
+It must not import stockade (the sandbox does not see the package). For each step of the
+plan it prints one JSON line ``{"id", "done", "detail"}``: ``done`` is what the script
+can see from inside; the host judges the rest from outside after the run.
+
+It plays the strongest attacker the action allows: a connection is tried through the
+proxy named in the environment (as any well-behaved client does) and directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import urllib.parse
+from typing import Any
+
+Plan = dict[str, Any]
+TIMEOUT = 3.0
+
+
+def _proxy() -> tuple[str, int] | None:
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        value = os.environ.get(name)
+        if value:
+            parsed = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")
+            if parsed.hostname and parsed.scheme in ("http", ""):
+                return parsed.hostname, parsed.port or 80
+    return None
+
+
+def op_read(step: Plan) -> str:
+    with open(step["path"], encoding="utf-8", errors="replace") as fh:
+        data = fh.read()
+    if step["expect"] not in data:
+        raise LookupError(f"read {len(data)} bytes without the expected content")
+    return f"read {len(data)} bytes"
+
+
+def op_write(step: Plan) -> str:
+    os.makedirs(os.path.dirname(step["path"]), exist_ok=True)
+    with open(step["path"], "w", encoding="utf-8") as fh:
+        fh.write(step["data"])
+    return "written"
+
+
+def op_env(step: Plan) -> str:
+    value = os.environ.get(step["name"])
+    if value != step["expect"]:
+        raise LookupError(f"{step['name']} is {'unset' if value is None else 'different'}")
+    return "read"
+
+
+def op_daemon(step: Plan) -> str:
+    code = f"import time, sys\ntime.sleep({float(step['seconds'])})\n"
+    subprocess.Popen(
+        [sys.executable, "-c", code, step["mark"]],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
+    return "spawned; judged from outside"
+
+
+def _http_request(step: Plan, via: tuple[str, int] | None) -> tuple[int, bytes]:
+    method = step["method"]
+    host, port, path = step["host"], int(step["port"]), step["path"]
+    body = step.get("data", "").encode() or None
+    headers = {"Host": f"{host}:{port}", "Connection": "close", **step.get("headers", {})}
+    if body is not None:
+        headers["Content-Length"] = str(len(body))
+    target = f"http://{host}:{port}{path}" if via else path
+    addr = via or (step.get("address", "127.0.0.1"), port)
+    with socket.create_connection(addr, timeout=TIMEOUT) as sock:
+        head = f"{method} {target} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()
+        )
+        sock.sendall(head.encode() + b"\r\n" + (body or b""))
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    head_end = raw.find(b"\r\n\r\n")
+    status_line = raw.split(b"\r\n", 1)[0].split()
+    status = int(status_line[1]) if len(status_line) > 1 else 0
+    return status, raw[head_end + 4 :] if head_end >= 0 else b""
+
+
+def op_http(step: Plan) -> str:
+    errors: list[str] = []
+    for via in (_proxy(), None):
+        if via is None and errors and step.get("proxy_only"):
+            break
+        try:
+            status, body = _http_request(step, via)
+        except OSError as exc:
+            errors.append(f"{'proxy' if via else 'direct'}: {type(exc).__name__}: {exc}")
+            continue
+        if 200 <= status < 300 and step.get("expect", "") in body.decode(errors="replace"):
+            return f"{'proxy' if via else 'direct'}: HTTP {status}"
+        errors.append(f"{'proxy' if via else 'direct'}: HTTP {status}")
+    raise ConnectionError("; ".join(errors))
+
+
+def _tunnel(proxy: tuple[str, int], host: str, port: int) -> socket.socket:
+    sock = socket.create_connection(proxy, timeout=TIMEOUT)
+    sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    parts = reply.split(b"\r\n", 1)[0].split()
+    if len(parts) < 2 or parts[1] != b"200":
+        sock.close()
+        raise ConnectionRefusedError(f"proxy refused CONNECT: {reply[:60]!r}")
+    return sock
+
+
+def op_tcp(step: Plan) -> str:
+    errors: list[str] = []
+    proxy = _proxy()
+    attempts: list[tuple[str, tuple[str, int] | None]] = [("direct", None)]
+    if proxy is not None:
+        attempts.insert(0, ("proxy", proxy))
+    for how, via in attempts:
+        try:
+            if via is not None:
+                sock = _tunnel(via, step["host"], int(step["port"]))
+            else:
+                addr = step.get("address") or step["host"]
+                sock = socket.create_connection((addr, int(step["port"])), timeout=TIMEOUT)
+            with sock:
+                sock.sendall(step["data"].encode())
+            return f"{how}: sent"
+        except OSError as exc:
+            errors.append(f"{how}: {type(exc).__name__}: {exc}")
+    raise ConnectionError("; ".join(errors))
+
+
+def op_dns(step: Plan) -> str:
+    labels = step["name"].split(".")
+    query = struct.pack(">HHHHHH", 0x5354, 0x0100, 1, 0, 0, 0)
+    query += (
+        b"".join(bytes([len(p)]) + p.encode() for p in labels) + b"\0" + struct.pack(">HH", 1, 1)
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.2)
+        sock.sendto(query, (step["server"], int(step["port"])))
+        try:
+            sock.recv(512)
+        except OSError as exc:
+            return f"sent; no answer ({type(exc).__name__}); judged from outside"
+    return "sent; answered"
+
+
+def op_unix(step: Plan) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(TIMEOUT)
+        path = step["path"]
+        sock.connect("\0" + path[1:] if path.startswith("@") else path)
+        sock.sendall(step["data"].encode())
+    return "sent"
+
+
+def op_kill(step: Plan) -> str:
+    os.kill(int(step["pid"]), signal.SIGTERM)
+    return "signal sent"
+
+
+def op_userns(step: Plan) -> str:
+    clone_newuser = 0x10000000
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        os._exit(0 if libc.unshare(clone_newuser) == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise PermissionError("unshare(CLONE_NEWUSER) failed")
+    return "a new user namespace was created"
+
+
+def op_bigwrite(step: Plan) -> str:
+    # Without this the file-size limit kills the whole script with SIGXFSZ; ignored,
+    # the write fails with EFBIG and the next step still runs.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.makedirs(os.path.dirname(step["path"]), exist_ok=True)
+    size = int(step["size"])
+    block = b"\0" * 65536
+    written = 0
+    try:
+        with open(step["path"], "wb") as fh:
+            while written < size:
+                written += fh.write(block[: size - written])
+    finally:
+        if os.path.exists(step["path"]):
+            os.unlink(step["path"])
+    return f"wrote {written} bytes"
+
+
+OPS = {
+    "read": op_read,
+    "write": op_write,
+    "env": op_env,
+    "daemon": op_daemon,
+    "http": op_http,
+    "tcp": op_tcp,
+    "dns": op_dns,
+    "unix": op_unix,
+    "kill": op_kill,
+    "userns": op_userns,
+    "bigwrite": op_bigwrite,
+}
+
+
+def evidence(control: Plan) -> dict[str, Any]:
+    """Facts that show which mechanisms are in force around this process."""
+    facts: dict[str, Any] = {"hostname": socket.gethostname()}
+    with open("/proc/self/status", encoding="utf-8") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("Seccomp", "NoNewPrivs"):
+                facts[key] = value.strip()
+    for ns in ("pid", "net", "user"):
+        try:
+            facts[f"ns_{ns}"] = os.readlink(f"/proc/self/ns/{ns}")
+        except OSError as exc:
+            facts[f"ns_{ns}"] = f"error: {exc}"
+    facts["proxy"] = _proxy() is not None
+    facts["control_env"] = os.environ.get(control["env"]) is not None
+    try:
+        with open(control["file"], encoding="utf-8") as fh:
+            facts["control_read"] = control["content"] in fh.read()
+    except OSError as exc:
+        facts["control_read"] = False
+        facts["control_error"] = type(exc).__name__
+    import resource
+
+    facts["rlimit_fsize"] = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return facts
+
+
+def main() -> int:
+    """Attempt every step of the plan in ``sys.argv[1]``; one JSON line each."""
+    with open(sys.argv[1], encoding="utf-8") as fh:
+        plan = json.load(fh)
+    if "evidence" in plan:
+        print(json.dumps({"evidence": evidence(plan["evidence"])}), flush=True)
+        return 0
+    for step in plan["steps"]:
+        try:
+            detail = OPS[step["op"]](step)
+            done = True
+        except Exception as exc:  # every failure is an outcome here
+            detail, done = f"{type(exc).__name__}: {exc}", False
+        print(json.dumps({"id": step["id"], "done": done, "detail": str(detail)[:200]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The probe's report as a terminal table: action × subset, model vs reality, cost."""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any
+
+_ABBREV = {
+    "files": "F",
+    "container": "C",
+    "syscalls": "S",
+    "secrets": "K",
+    "egress": "E",
+    "inspect": "I",
+    "limits": "L",
+}
+
+
+def use_colour(stream: IO[str]) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+def _subset_label(layers: list[str]) -> str:
+    return "".join(_ABBREV[x] for x in layers) or "-"
+
+
+def render(report: dict[str, Any], *, colour: bool = False) -> str:
+    """The report (the ``--json`` document) as text."""
+
+    def paint(text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if colour else text
+
+    lines = [f"stockade probe: scenario {report['scenario']!r}"]
+    lines.append("")
+    lines.append("layers in this build:")
+    for layer, info in report["build"].items():
+        mark = (
+            paint("enforced", "32")
+            if info["enforceable"]
+            else paint("not enforceable in this build", "33")
+        )
+        cost = report["cost_ms"]["per_layer"].get(layer)
+        cost_text = f"  {cost:+.1f} ms/command" if cost is not None else ""
+        switch = " (switched)" if layer in report["measured_layers"] else ""
+        lines.append(f"  {_ABBREV[layer]} {layer:<10} {mark}{switch}{cost_text}")
+        lines.append(f"      {info['detail']}")
+    lines.append("")
+    runs = report["runs"]
+    width = max([len(a["id"]) for a in report["actions"]] + [6])
+    cols = [_subset_label(r["layers"]) for r in runs]
+    colw = max([len(c) for c in cols] + [2]) + 1
+    header = f"  {'action':<{width}}  need  " + "".join(f"{c:>{colw}}" for c in cols)
+    lines.append(header)
+    for action in report["actions"]:
+        row = f"  {action['id']:<{width}}  {'yes ' if action['needed'] else 'no  '}  "
+        for r in runs:
+            cell = r["cells"][action["id"]]
+            if not cell["agree"]:
+                text, code = "!" + ("T" if cell["measured"] == "through" else "s"), "1;31"
+            elif cell["measured"] == "through":
+                text, code = "T", "32" if action["needed"] else "31"
+            else:
+                text, code = "s", "31" if action["needed"] else "32"
+            row += " " * (colw - len(text)) + paint(text, code)
+        lines.append(row)
+    for key, label in (("open_unneeded", "open unneeded"), ("broken_needed", "broken needed")):
+        row = f"  {label:<{width + 8}}"
+        for r in runs:
+            val = r[key]
+            text = (
+                f"{val['measured']}"
+                if val["model"] == val["measured"]
+                else f"{val['measured']}≠{val['model']}"
+            )
+            row += f"{text:>{colw}}"
+        lines.append(row)
+    lines.append("")
+    lines.append(
+        "  T = got through, s = stopped; !X = the model predicted otherwise. Columns: the "
+        "active layers (" + ", ".join(f"{v}={k}" for k, v in _ABBREV.items()) + "); others off."
+    )
+    agree = report["agreement"]
+    verdict = "agree" if agree["agree"] == agree["total"] else "DISAGREE"
+    lines.append(
+        f"  model and reality {verdict}: {agree['agree']}/{agree['total']} "
+        f"({len(runs)} subsets × {len(report['actions'])} actions)"
+    )
+    for r in runs:
+        for action_id, cell in r["cells"].items():
+            if not cell["agree"]:
+                lines.append(
+                    paint(
+                        f"  disagreement: {action_id} under [{', '.join(r['layers'])}]: model "
+                        f"{cell['predicted']}, really {cell['measured']} ({cell['detail']})",
+                        "31",
+                    )
+                )
+    cost = report["cost_ms"]
+    if any(v is not None for v in cost["per_layer"].values()):
+        lines.append(
+            f"  start-up per command: {cost['baseline']:.1f} ms bare, {cost['all_on']:.1f} ms "
+            "with every enforced layer on"
+        )
+    else:
+        lines.append("  start-up cost: not measured (--cost-runs 0)")
+    if report["not_enforceable"]:
+        lines.append(
+            paint(
+                "  not measured (not enforceable in this build): "
+                + ", ".join(report["not_enforceable"]),
+                "33",
+            )
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Tests of the boundary model (pure: no sandbox, no I/O)."""

@@ -1,0 +1,100 @@
+"""The seed scenario's table (DESIGN §2), on the model alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stockade.model import Boundary, check_monotonic, evaluate, exercised_layers, subsets
+from stockade.probe import scenarios
+from stockade.probe.scenarios import Layout
+
+
+@pytest.fixture
+def seed() -> scenarios.Scenario:
+    return scenarios.build("seed", Layout(Path("/w")))
+
+
+@pytest.fixture
+def boundary(seed: scenarios.Scenario) -> Boundary:
+    return Boundary(seed.policy, seed.inspection)
+
+
+def test_seed_has_three_needed_and_five_unneeded(seed: scenarios.Scenario) -> None:
+    needed = [a.id for a in seed.actions if a.needed]
+    unneeded = [a.id for a in seed.actions if not a.needed]
+    assert needed == ["read-workspace", "write-workspace", "download"]
+    assert unneeded == ["read-ssh-key", "write-system", "survive", "connect-evil", "upload"]
+
+
+def test_files_container_egress_stop_four_of_five_and_the_upload_gets_through(
+    seed: scenarios.Scenario, boundary: Boundary
+) -> None:
+    ev = evaluate(boundary, seed.actions, ("files", "container", "egress"))
+    assert ev.open_unneeded == 1
+    assert ev.broken_needed == 0
+    assert [a.id for a in ev.through if not a.needed] == ["upload"]
+
+
+def test_inspect_closes_the_upload(seed: scenarios.Scenario, boundary: Boundary) -> None:
+    ev = evaluate(boundary, seed.actions, ("files", "container", "egress", "inspect"))
+    assert ev.open_unneeded == 0
+    assert ev.broken_needed == 0
+    assert ev.outcome("upload").stopper == "inspect"
+    assert ev.outcome("download").through
+
+
+@pytest.mark.parametrize(
+    ("action", "stoppers"),
+    [
+        ("read-ssh-key", ["files", "container"]),
+        ("write-system", ["files", "container"]),
+        ("survive", ["container"]),
+        ("connect-evil", ["egress"]),
+        ("upload", ["inspect"]),
+        ("read-workspace", []),
+        ("write-workspace", []),
+        ("download", []),
+    ],
+)
+def test_which_layer_stops_each_seed_action(
+    seed: scenarios.Scenario, boundary: Boundary, action: str, stoppers: list[str]
+) -> None:
+    ev = evaluate(boundary, seed.actions, ("files", "container", "egress", "inspect"))
+    assert [layer for layer, _ in ev.outcome(action).stopped_by] == stoppers
+
+
+def test_no_needed_action_broken_in_any_subset(
+    seed: scenarios.Scenario, boundary: Boundary
+) -> None:
+    for subset in subsets(
+        ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
+    ):
+        assert evaluate(boundary, seed.actions, subset).broken_needed == 0, subset
+
+
+def test_everything_open_with_no_layer(seed: scenarios.Scenario, boundary: Boundary) -> None:
+    ev = evaluate(boundary, seed.actions, ())
+    assert ev.open_unneeded == 5
+    assert ev.broken_needed == 0
+
+
+def test_seed_exercises_the_four_boundaries(seed: scenarios.Scenario, boundary: Boundary) -> None:
+    assert exercised_layers(boundary, seed.actions) == ("files", "container", "egress", "inspect")
+
+
+@pytest.mark.parametrize("name", scenarios.SCENARIOS)
+def test_scenarios_are_monotonic_on_every_subset(name: str) -> None:
+    sc = scenarios.build(name, Layout(Path("/w")))
+    assert check_monotonic(Boundary(sc.policy, sc.inspection), sc.actions) == []
+
+
+def test_extended_needed_actions_never_broken() -> None:
+    sc = scenarios.build("extended", Layout(Path("/w")))
+    b = Boundary(sc.policy, sc.inspection)
+    full = evaluate(
+        b, sc.actions, ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
+    )
+    assert full.broken_needed == 0
+    assert full.open_unneeded == 0

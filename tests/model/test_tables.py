@@ -1,0 +1,68 @@
+"""The model's copies of enforcement tables match their sources, and its docstring DESIGN §2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import stockade.model
+from stockade.enforce import bubblewrap, environment, paths
+from stockade.model import _layers
+from stockade.policy import LAYERS
+
+
+def test_system_paths_match_the_container() -> None:
+    assert bubblewrap.SYSTEM_PATHS == _layers.SYSTEM_PATHS
+
+
+def test_system_secrets_match_the_container() -> None:
+    assert bubblewrap.SYSTEM_SECRETS == _layers.SYSTEM_SECRETS
+
+
+def test_protected_paths_match() -> None:
+    assert paths.DEFAULT_PROTECTED == _layers.DEFAULT_PROTECTED
+
+
+def test_base_env_names_match() -> None:
+    assert environment.BASE_NAMES == _layers.BASE_ENV_NAMES
+
+
+def test_docstring_table_lists_every_layer_in_order() -> None:
+    doc = stockade.model.__doc__ or ""
+    rows = [m.group(1) for m in re.finditer(r"^(\w+)\s{2,}\S", doc, re.MULTILINE)]
+    assert [r for r in rows if r in LAYERS] == list(LAYERS)
+
+
+def _design() -> Path | None:
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        for candidate in (parent / "shared" / "DESIGN.md", parent.parent / "shared" / "DESIGN.md"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_docstring_table_in_sync_with_design() -> None:
+    design = _design()
+    if design is None:
+        pytest.skip("shared/DESIGN.md not beside this checkout")
+    table = [
+        line.split("|")[1].strip().strip("`")
+        for line in design.read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    assert table == list(LAYERS)
+    doc = stockade.model.__doc__ or ""
+    for layer in table:
+        assert re.search(rf"^{layer}\s", doc, re.MULTILINE), layer
+
+
+def test_model_imports_only_policy() -> None:
+    src = Path(stockade.model.__file__).parent
+    for file in src.glob("*.py"):
+        for line in file.read_text().splitlines():
+            m = re.match(r"\s*(?:from|import) (stockade\.\w+)", line)
+            if m:
+                assert m.group(1) in ("stockade.model", "stockade.policy"), (file.name, line)

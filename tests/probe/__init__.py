@@ -1,0 +1,1 @@
+"""Tests of the probe: real runs of the scenarios, the reports, and explain."""
