@@ -184,9 +184,9 @@ def _wait_port(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -
         if path.exists() and path.read_text().strip():
             return int(path.read_text())
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         time.sleep(0.05)
-    raise RuntimeError(f"{proc.args} did not start")
+    raise RuntimeError(f"{proc.args!r} did not start")
 
 
 def _wait_listening(port: int, timeout: float = 60) -> None:
@@ -279,9 +279,7 @@ def main() -> None:
             n = fresh_n if fresh else keep_n
             # warm-up: leaves, pools, caches
             measure(port, auth, sni, auth, str(cafile), fresh=fresh, count=5, seconds=5)
-            return measure(
-                port, auth, sni, auth, str(cafile), fresh=fresh, count=n, seconds=secs
-            )
+            return measure(port, auth, sni, auth, str(cafile), fresh=fresh, count=n, seconds=secs)
 
         for mode in ("keepalive", "fresh"):
             fresh = mode == "fresh"

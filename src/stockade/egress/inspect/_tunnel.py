@@ -392,7 +392,9 @@ class InspectingTunnel:
                     record.bytes_down += len(event.data)
                     if out:
                         # Flushed now unless the rest of the answer is already here.
-                        await _send(client, stream, h11.Data(data=out), flush=_drained(up, upstream))
+                        await _send(
+                            client, stream, h11.Data(data=out), flush=_drained(up, upstream)
+                        )
                 elif isinstance(event, h11.EndOfMessage):
                     rest = redactor.finish()
                     if rest:
@@ -563,9 +565,7 @@ async def _next(conn: h11.Connection, stream: TLSStream, timeout: float) -> Any:
         conn.receive_data(data)
 
 
-async def _send(
-    conn: h11.Connection, stream: TLSStream, event: Any, *, flush: bool = True
-) -> None:
+async def _send(conn: h11.Connection, stream: TLSStream, event: Any, *, flush: bool = True) -> None:
     """Send an h11 event; ``flush=False`` leaves it in the TLS buffer for the next send."""
     data = conn.send(event)
     if data or flush:
