@@ -18,6 +18,7 @@ from typing import Any
 
 from stockade._exceptions import SandboxError
 from stockade.policy import LAYERS, Policy, load_policy
+from stockade.policy._load import add_allowed_hosts
 from stockade.runtime import RunRequest, RunResult, execute
 
 
@@ -32,11 +33,7 @@ def _policy(
         loaded = policy
         if ws is not None:
             loaded = replace(loaded, filesystem=replace(loaded.filesystem, workspace=ws.resolve()))
-        if allow_hosts:
-            loaded = replace(
-                loaded,
-                network=replace(loaded.network, allow=loaded.network.allow + tuple(allow_hosts)),
-            )
+        loaded = add_allowed_hosts(loaded, tuple(allow_hosts))
     else:
         path = Path(os.fspath(policy)) if policy is not None else None
         loaded = load_policy(path, workspace=ws, extra_allow=tuple(allow_hosts))

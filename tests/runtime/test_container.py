@@ -344,3 +344,37 @@ def test_unprivileged_user(world: World, layers: tuple[str, ...]) -> None:
     assert proc.stdout.split()[-1] == str(os.getuid() if os.getuid() else 65534)
     time.sleep(0.2)
     assert _pids_with(f"{world.canary}-nobody") == []
+
+
+def test_srt_settings_run_directly(world: World) -> None:
+    import json
+
+    settings = world.root / "srt.json"
+    settings.write_text(
+        json.dumps(
+            {
+                "network": {"allowedDomains": ["example.test"], "deniedDomains": []},
+                "filesystem": {"denyRead": [], "allowWrite": ["."], "denyWrite": []},
+            }
+        )
+    )
+    proc = world.stockade(
+        "run",
+        "--srt-settings",
+        str(settings),
+        *ONLY_CONTAINER,
+        "--",
+        "sh",
+        "-c",
+        "echo ok > srt.txt; cat ~/.ssh/id_ed25519",
+    )
+    assert (world.workspace / "srt.txt").read_text() == "ok\n", proc.stderr
+    assert world.canary not in proc.stdout
+    both = world.stockade(
+        "run", "--srt-settings", str(settings), "--policy", "x.toml", "--", "true"
+    )
+    assert both.returncode == 2
+    settings.write_text(json.dumps({"network": {"allowedDomains": [], "tlsTerminate": {}}}))
+    bad = world.stockade("run", "--srt-settings", str(settings), "--", "true")
+    assert bad.returncode == 125
+    assert "tlsTerminate" in bad.stderr

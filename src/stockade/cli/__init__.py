@@ -21,8 +21,18 @@ VERBS: dict[str, tuple[str, str]] = {
     "check": ("stockade.cli.check", "validate a policy and print the effective policy"),
     "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
-    "explain": ("stockade.cli.explain", "what a policy still lets through, and its deliberate exceptions"),
-    "probe": ("stockade.cli.probe", "run attack scenarios under every layer subset; model vs reality"),
+    "explain": (
+        "stockade.cli.explain",
+        "what a policy still lets through, and its deliberate exceptions",
+    ),
+    "probe": (
+        "stockade.cli.probe",
+        "run attack scenarios under every layer subset; model vs reality",
+    ),
+    "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
+    "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
+    "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
+    "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
 }
 
 PROG = "stockade"

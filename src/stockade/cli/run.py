@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="policy file (default: search order, see docs/policy.md)",
     )
     parser.add_argument(
+        "--srt-settings",
+        type=Path,
+        metavar="FILE",
+        help="use an Anthropic sandbox-runtime settings file as the policy (see docs/srt.md)",
+    )
+    parser.add_argument(
         "--workspace",
         type=Path,
         metavar="DIR",
@@ -79,7 +85,23 @@ def execute(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    policy = load_policy(args.policy, workspace=args.workspace, extra_allow=tuple(args.allow_host))
+    if args.srt_settings is not None:
+        if args.policy is not None:
+            print(
+                "stockade run: --policy and --srt-settings name two policies; give one",
+                file=sys.stderr,
+            )
+            return 2
+        from stockade.policy._load import add_allowed_hosts
+        from stockade.policy._srt import policy_from_srt
+
+        policy = add_allowed_hosts(
+            policy_from_srt(args.srt_settings, args.workspace), tuple(args.allow_host)
+        )
+    else:
+        policy = load_policy(
+            args.policy, workspace=args.workspace, extra_allow=tuple(args.allow_host)
+        )
     if args.disable:
         policy = replace(policy, layers=policy.layers.without(*args.disable))
     result = run(

@@ -35,6 +35,7 @@ from stockade.policy._model import (
     Policy,
     RequestRule,
 )
+from stockade.policy._presets import PRESETS, expand_presets
 from stockade.policy._schema import NAMED_TABLES, SCHEMA, TOP_LEVEL
 from stockade.policy._units import parse_size
 
@@ -88,14 +89,16 @@ def load_policy(
             )
         else:
             policy = base
-    if extra_allow:
-        for i, host in enumerate(extra_allow):
-            _check_host_pattern(host, f"--allow-host[{i}]", "command line")
-        policy = replace(
-            policy,
-            network=replace(policy.network, allow=policy.network.allow + tuple(extra_allow)),
-        )
-    return policy
+    return add_allowed_hosts(policy, extra_allow)
+
+
+def add_allowed_hosts(policy: Policy, hosts: tuple[str, ...]) -> Policy:
+    """``policy`` with ``hosts`` (``--allow-host``) added to ``network.allow``, validated."""
+    for i, host in enumerate(hosts):
+        _check_host_pattern(host, f"--allow-host[{i}]", "command line")
+    if not hosts:
+        return policy
+    return replace(policy, network=replace(policy.network, allow=policy.network.allow + hosts))
 
 
 def parse_policy_text(
@@ -265,6 +268,44 @@ def _build(
     lim = raw.get("limits", {})
     lay = raw.get("layers", {})
     notes: list[str] = []
+
+    # --- presets (policy/_presets.py): merged into the raw tables read below --------
+    pre = raw.get("presets", {})
+    if pre:
+        names = v.strs("presets.use", pre.get("use", []))
+        push = v.boolean("presets.allow_push", pre.get("allow_push", False))
+        try:
+            grant = expand_presets(names, allow_push=push)
+        except ValueError as exc:
+            bad = next(i for i, n in enumerate(names) if n not in PRESETS)
+            raise v.fail(f"presets.use[{bad}]", names[bad], str(exc)) from None
+        if base is not None:
+            # A workspace file cannot widen: it may name a preset only when the user
+            # policy already allows every host of it; its paths and names are dropped.
+            missing = [h for h in grant.hosts if h not in base.network.allow]
+            if missing:
+                raise v.fail(
+                    "presets.use", list(names), f"needs {', '.join(missing)}; {_WIDEN_FIX}"
+                )
+            grant = replace(grant, read=(), env=())
+
+        def extend(table: Mapping[str, Any], key: str, items: tuple[Any, ...]) -> dict[str, Any]:
+            have = table.get(key, [])
+            if not isinstance(have, list):
+                return dict(table)  # left for the validator below to reject with its message
+            names_ = [e.get("name") if isinstance(e, dict) else e for e in have]
+            return {**table, key: [*have, *(i for i in items if i not in names_)]}
+
+        net = extend(net, "allow", grant.hosts)
+        fs = extend(fs, "read", grant.read)
+        env = extend(env, "pass", grant.env)
+        if "rules" in SCHEMA["network"]:
+            net = {**net, "rules": [*net.get("rules", []), *grant.rules]}
+        elif grant.rules:
+            notes.append(
+                "presets: request rules (such as refusing git push) need network.rules of "
+                "the inspect layer, which this build lacks; the preset hosts are allowed"
+            )
 
     # --- filesystem -------------------------------------------------------------
     home = Path.home().resolve()

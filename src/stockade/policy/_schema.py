@@ -108,6 +108,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("limits", "pids, memory, file size, CPU and wall time"),
         )
     },
+    # Toolchain presets (policy/_presets.py): expanded into network.allow, request rules,
+    # filesystem.read and env.pass by the loader.
+    "presets": {
+        "use": Key(
+            "presets",
+            "[]",
+            'toolchains whose hosts and rules to add: "python" (PyPI), "node" (npm), '
+            '"git" (GitHub over https); in a workspace policy only if the user policy '
+            "already allows their hosts",
+        ),
+        "allow_push": Key("bool", "false", 'let the "git" preset push (git-receive-pack)'),
+    },
 }
 
 #: sections made of named tables (``[secrets.NAME]``), each taking the section's keys

@@ -1,0 +1,235 @@
+"""``stockade log``: read, filter and follow the audit logs.
+
+By default every file under ``$XDG_STATE_HOME/stockade/runs`` is read (one per run of
+``stockade run``, one per ``stockade mcp`` server), oldest first; ``--file`` names
+others. Output is one line per event, or one JSON object per line with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+Event = dict[str, Any]
+
+#: How often --follow looks for new lines and new files.
+POLL_SECONDS = 0.2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``log``."""
+    parser.add_argument(
+        "--file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="F",
+        help="read this audit file (repeatable; default: every file under the state directory)",
+    )
+    parser.add_argument("--run", metavar="ID", help="only the run whose id starts with ID")
+    parser.add_argument("--verdict", choices=("allow", "deny", "report"), help="only this verdict")
+    parser.add_argument(
+        "--layer", metavar="L", help="only events of this layer (files, egress, ...)"
+    )
+    parser.add_argument("--host", metavar="H", help="only events about host H or a subdomain of it")
+    parser.add_argument(
+        "--event", metavar="E", help="only events of this type (run_start, denied, ...)"
+    )
+    parser.add_argument(
+        "--denials", action="store_true", help="group the denials by layer and reason, with counts"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new events (of --file, or of every run) until interrupted",
+    )
+
+
+def _audit_files(args: argparse.Namespace) -> list[Path]:
+    if args.file:
+        return list(args.file)
+    from stockade.runtime._run import default_audit_dir
+
+    root = default_audit_dir()
+    files = [p for p in root.glob("*.jsonl") if p.is_file()] if root.is_dir() else []
+    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def _parse(line: str) -> Event | None:
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a torn or foreign line: skipped, as read_events does
+    return value if isinstance(value, dict) else None
+
+
+def _matches(event: Event, args: argparse.Namespace) -> bool:
+    if args.run and not str(event.get("run_id", "")).startswith(args.run):
+        return False
+    if args.verdict and event.get("verdict") != args.verdict:
+        return False
+    if args.layer and event.get("layer") != args.layer:
+        return False
+    if args.event and event.get("event") != args.event:
+        return False
+    if args.host:
+        host = str(event.get("host", "")).lower().rstrip(".")
+        want = args.host.lower().rstrip(".")
+        if host != want and not host.endswith("." + want):
+            return False
+    return not (args.denials and event.get("verdict") != "deny")
+
+
+def _when(event: Event) -> str:
+    stamp = event.get("time")
+    if isinstance(stamp, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    return "-"
+
+
+def format_event(event: Event) -> str:
+    """One event as one human-readable line: time, run, event, layer, verdict, reason, target."""
+    from stockade.mcp._explain import denial_target
+
+    target = denial_target(event)
+    if not target and event.get("event") == "run_start":
+        target = " ".join(str(a) for a in event.get("argv", []))
+    elif not target and event.get("event") == "run_end":
+        target = f"exit {event.get('returncode')}"
+    fields = [
+        _when(event),
+        str(event.get("run_id", "-")),
+        str(event.get("event", "-")),
+        str(event.get("layer") or "-"),
+        str(event.get("verdict") or "-"),
+        str(event.get("reason") or "-"),
+    ]
+    when, run, kind, layer, verdict, reason = fields
+    text = f"{when}  {run:<12}  {kind:<10} {layer:<9} {verdict:<6} {reason:<18} {target}".rstrip()
+    # A target comes from the sandbox (paths, host names): keep one event on one line.
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _emit(event: Event, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(event, separators=(",", ":"), default=str), flush=True)
+    else:
+        print(format_event(event), flush=True)
+
+
+def _read(files: Iterable[Path]) -> Iterator[Event]:
+    for path in files:
+        try:
+            with path.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    event = _parse(line)
+                    if event is not None:
+                        yield event
+        except OSError as exc:
+            print(f"stockade log: cannot read {path}: {exc.strerror}", file=sys.stderr)
+
+
+def _denial_summary(events: Iterable[Event], as_json: bool) -> None:
+    groups: dict[tuple[str, str], list[Event]] = {}
+    for event in events:
+        key = (str(event.get("layer", "")), str(event.get("reason", "")))
+        groups.setdefault(key, []).append(event)
+    from stockade.mcp._explain import denial_target, explain_denial
+
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    if not ordered and not as_json:
+        print("no denials")
+    for (layer, reason), items in ordered:
+        targets = list(dict.fromkeys(t for t in (denial_target(e) for e in items) if t))
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "layer": layer,
+                        "reason": reason,
+                        "count": len(items),
+                        "targets": targets,
+                        "runs": sorted({str(e.get("run_id")) for e in items}),
+                        "hint": explain_denial(items[0])["hint"],
+                    }
+                )
+            )
+        else:
+            shown = ", ".join(targets[:3]) + (
+                f", ... ({len(targets)} in all)" if len(targets) > 3 else ""
+            )
+            print(f"{len(items):>6}  {layer:<9} {reason:<20} {shown}".rstrip())
+
+
+def _follow(args: argparse.Namespace) -> None:
+    """Print new events as they are appended; new run files are picked up too."""
+    explicit = bool(args.file)
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, str] = {}
+    files = _audit_files(args)
+    for path in files:
+        # Like tail -f: show what the newest file already holds, then only what is new.
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        offsets[path] = 0 if path == files[-1] or explicit else size
+    while True:
+        for path in _audit_files(args) if not explicit else files:
+            offset = offsets.setdefault(path, 0)
+            try:
+                with path.open("rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            if not chunk:
+                continue
+            offsets[path] = offset + len(chunk)
+            text = partial.pop(path, "") + chunk.decode("utf-8", errors="replace")
+            lines = text.split("\n")
+            if lines[-1]:
+                partial[path] = lines[-1]  # a line still being written
+            for line in lines[:-1]:
+                event = _parse(line)
+                if event is not None and _matches(event, args):
+                    _emit(event, args.json)
+        time.sleep(POLL_SECONDS)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Print the matching events; 0 on success (also when none match), 1 when no log exists."""
+    if args.follow:
+        if args.denials:
+            print("stockade log: --follow and --denials do not combine", file=sys.stderr)
+            return 2
+        try:
+            _follow(args)
+        except KeyboardInterrupt:
+            return 0
+        return 0
+    files = _audit_files(args)
+    missing = [p for p in files if not p.is_file()]
+    if missing:
+        print(f"stockade log: {missing[0]}: no such audit file", file=sys.stderr)
+        return 1
+    if not files:
+        print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
+        return 1
+    events = (e for e in _read(files) if _matches(e, args))
+    if args.denials:
+        _denial_summary(events, args.json)
+        return 0
+    for event in events:
+        _emit(event, args.json)
+    return 0

@@ -1,0 +1,203 @@
+"""The MCP server over real stdio, driven by the SDK's own client.
+
+Each test spawns ``python -m stockade mcp --workspace TMP`` and talks JSON-RPC to it
+with ``ClientSession`` + ``stdio_client``; the commands run in the real sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.client.stdio import stdio_client
+from mcp.types import CallToolResult, TextContent
+
+from mcp import ClientSession, StdioServerParameters
+
+Session = Callable[[ClientSession], Awaitable[None]]
+
+
+def serve(tmp_path: Path, body: Session, *extra: str, env: dict[str, str] | None = None) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "stockade", "mcp", "--workspace", str(ws), *extra],
+        env={"XDG_STATE_HOME": str(tmp_path / "state"), **(env or {})},
+        cwd=str(ws),
+    )
+
+    async def main() -> None:
+        with anyio.fail_after(60):
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                await body(session)
+
+    anyio.run(main)
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    value = result.structured_content
+    assert isinstance(value, dict)
+    return value
+
+
+def text_of(result: CallToolResult) -> str:
+    return " ".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def test_tools_are_listed(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert set(tools) == {"run_command", "sandbox_policy"}
+        assert tools["sandbox_policy"].annotations is not None
+        assert tools["sandbox_policy"].annotations.read_only_hint is True
+
+    serve(tmp_path, body)
+
+
+def test_argv_and_shell_commands_run_in_the_workspace(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        out = structured(await session.call_tool("run_command", {"command": ["pwd"]}))
+        assert out["exit_code"] == 0
+        assert out["stdout"].strip() == str((tmp_path / "ws").resolve())
+        out = structured(
+            await session.call_tool(
+                "run_command", {"command": "echo made > f.txt && cat f.txt; exit 3"}
+            )
+        )
+        assert out["exit_code"] == 3
+        assert out["stdout"] == "made\n"
+        assert (tmp_path / "ws" / "f.txt").read_text() == "made\n"
+        # stdin is a pipe with the given text, never the server's JSON-RPC stream
+        out = structured(
+            await session.call_tool("run_command", {"command": ["cat"], "stdin": "hello"})
+        )
+        assert out["stdout"] == "hello"
+        out = structured(await session.call_tool("run_command", {"command": ["cat"]}))
+        assert out["stdout"] == ""
+        out = structured(await session.call_tool("run_command", {"command": ["no-such-cmd-x"]}))
+        assert out["exit_code"] == 127
+
+    serve(tmp_path, body)
+
+
+def test_subdirectory_cwd_and_outside_cwd_refused(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "sub").mkdir(parents=True)
+
+    async def body(session: ClientSession) -> None:
+        out = structured(await session.call_tool("run_command", {"command": ["pwd"], "cwd": "sub"}))
+        assert out["stdout"].strip().endswith("/ws/sub")
+        for bad in ("..", "/etc", "sub/../../"):
+            result = await session.call_tool("run_command", {"command": ["pwd"], "cwd": bad})
+            assert result.is_error
+            assert "outside the workspace" in text_of(result)
+
+    serve(tmp_path, body)
+
+
+def test_withheld_credential_is_a_denial_with_a_hint(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        out = structured(
+            await session.call_tool(
+                "run_command", {"command": 'echo "token=${STOCKADE_TEST_TOKEN:-unset}"'}
+            )
+        )
+        assert out["stdout"] == "token=unset\n"
+        denial = next(d for d in out["denials"] if d["target"] == "STOCKADE_TEST_TOKEN")
+        assert denial["layer"] == "secrets"
+        assert denial["reason"] == "credential-env"
+        assert "ask the user" in denial["hint"]
+        assert "allow_secret = true" in denial["hint"]
+
+    serve(tmp_path, body, env={"STOCKADE_TEST_TOKEN": "s3cret-value"})
+    # The run was audited where `stockade log` looks.
+    logs = list((tmp_path / "state" / "stockade" / "runs").glob("*-mcp-*.jsonl"))
+    assert len(logs) == 1
+    events = [json.loads(line) for line in logs[0].read_text().splitlines()]
+    assert any(e["reason"] == "credential-env" for e in events)
+    assert "s3cret-value" not in logs[0].read_text()
+
+
+def test_denied_connection_shows_up_with_a_hint(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[network]\nallow = ["example.test"]\n')
+    fetch = (
+        "import urllib.request\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://evil.test/', timeout=10)\n"
+        "except Exception as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+
+    async def body(session: ClientSession) -> None:
+        out = structured(
+            await session.call_tool("run_command", {"command": ["python3", "-c", fetch]})
+        )
+        assert out["stdout"].startswith("refused:")
+        denial = next(d for d in out["denials"] if d["layer"] == "egress")
+        assert denial["reason"] == "host-not-allowed"
+        assert "evil.test" in denial["target"]
+        assert denial["hint"] == "host evil.test is not in network.allow; ask the user to add it"
+
+    serve(tmp_path, body, "--policy", str(policy))
+
+
+def test_timeout_kills_and_reports(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        out = structured(
+            await session.call_tool("run_command", {"command": ["sleep", "30"], "timeout": 1})
+        )
+        assert out["exit_code"] == 124
+        assert out["timed_out"] is True
+        assert any(d["reason"] == "limit-wall-time" for d in out["denials"])
+        result = await session.call_tool("run_command", {"command": ["true"], "timeout": 0})
+        assert result.is_error
+
+    serve(tmp_path, body)
+
+
+def test_sandbox_policy_explains(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[network]\nallow = ["example.test"]\n[layers]\ninspect = false\n')
+
+    async def body(session: ClientSession) -> None:
+        out = structured(await session.call_tool("sandbox_policy", {}))
+        assert out["workspace"] == str((tmp_path / "ws").resolve())
+        assert out["network_allow"] == ["example.test"]
+        assert "inspect" in out["layers_off"]
+        assert "ask the user" in out["summary"]
+
+    serve(tmp_path, body, "--policy", str(policy))
+
+
+def test_bad_policy_fails_before_serving(tmp_path: Path) -> None:
+    import subprocess
+
+    (tmp_path / "ws").mkdir()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[network]\nallow = ["*"]\n')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stockade",
+            "mcp",
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--policy",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 125
+    assert result.stdout == ""
+    assert "network.allow[0]" in result.stderr
