@@ -432,7 +432,9 @@ def _build(
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
 
     # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
-    rules, upstream_ca, secrets, labels = _inspect_block(raw, v, allow, cwd)
+    # A workspace file is checked against the allow-list it will be composed with.
+    effective_allow = allow if base is None or "allow" in net else base.network.allow
+    rules, upstream_ca, secrets, labels = _inspect_block(raw, v, effective_allow, cwd)
 
     # --- limits -----------------------------------------------------------------
     d = LimitsPolicy()

@@ -187,11 +187,12 @@ class TLSStream:
                 await self._flush()
             return data
 
-    async def send(self, data: bytes | bytearray | memoryview) -> None:
-        """Send all of ``data``."""
+    async def send(self, data: bytes | bytearray | memoryview, *, flush: bool = True) -> None:
+        """Send all of ``data``; with ``flush=False`` it waits for the next flushing send."""
         if data:
             self.obj.write(data)
-        await self._flush()
+        if flush:
+            await self._flush()
 
     def pending(self) -> bool:
         """True when decrypted or undecrypted bytes are waiting (not idle)."""

@@ -168,6 +168,9 @@ class InspectingTunnel:
         it peeked at). The socket is closed when this returns.
         """
         sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Small request/response pieces must not wait for delayed ACKs (Nagle).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             stream = await self._handshake(sock, initial)
             if stream is None:
@@ -312,10 +315,10 @@ class InspectingTunnel:
                 ) from None
             up = h11.Connection(h11.CLIENT)
             try:
-                await _send(up, upstream, request)
+                await _send(up, upstream, request, flush=body is None)
                 if body is not None:
                     if body:
-                        await _send(up, upstream, h11.Data(data=body))
+                        await _send(up, upstream, h11.Data(data=body), flush=False)
                     await _send(up, upstream, h11.EndOfMessage())
                 return upstream, up
             except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
@@ -379,18 +382,19 @@ class InspectingTunnel:
                             headers = [(n, v) for n, v in headers if n != b"content-length"]
                     record.status = event.status_code
                     started = True
-                    await _send(
-                        client,
-                        stream,
-                        h11.Response(
-                            status_code=event.status_code, headers=headers, reason=event.reason
-                        ),
+                    head = h11.Response(
+                        status_code=event.status_code, headers=headers, reason=event.reason
                     )
+                    # Sent with the first body piece (one TCP write for small answers).
+                    await _send(client, stream, head, flush=False)
                 elif isinstance(event, h11.Data):
                     out = redactor.feed(bytes(event.data))
                     record.bytes_down += len(event.data)
                     if out:
-                        await _send(client, stream, h11.Data(data=out))
+                        # Flushed now unless the rest of the answer is already here.
+                        await _send(
+                            client, stream, h11.Data(data=out), flush=_drained(up, upstream)
+                        )
                 elif isinstance(event, h11.EndOfMessage):
                     rest = redactor.finish()
                     if rest:
@@ -561,7 +565,13 @@ async def _next(conn: h11.Connection, stream: TLSStream, timeout: float) -> Any:
         conn.receive_data(data)
 
 
-async def _send(conn: h11.Connection, stream: TLSStream, event: Any) -> None:
+async def _send(conn: h11.Connection, stream: TLSStream, event: Any, *, flush: bool = True) -> None:
+    """Send an h11 event; ``flush=False`` leaves it in the TLS buffer for the next send."""
     data = conn.send(event)
-    if data:
-        await stream.send(data)
+    if data or flush:
+        await stream.send(data or b"", flush=flush)
+
+
+def _drained(up: h11.Connection, upstream: TLSStream) -> bool:
+    """True when no more of the response is buffered (so what was written must go now)."""
+    return not up.trailing_data[0] and not upstream.pending()
