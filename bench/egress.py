@@ -398,6 +398,7 @@ def main() -> int:
         if binary is not None:
             with squid(binary) as (port, pid):
                 out["squid"] = run_suite("squid", port, ports, size, args.requests)
+                out["squid"]["rss_kib"] = rss_kib(pid)
         else:
             out["squid"] = None
         out["srt"] = None
