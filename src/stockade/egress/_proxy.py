@@ -291,6 +291,9 @@ class EgressProxy:
         loop = asyncio.get_running_loop()
         try:
             sock.setblocking(False)
+            if sock.family != socket.AF_UNIX:
+                # Replies go out as soon as they are written, not after the client's ACK.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client = _Client(sock, loop)
             async with asyncio.timeout(self.handshake_timeout):
                 await client.read()
@@ -754,6 +757,7 @@ class EgressProxy:
         loop = asyncio.get_running_loop()
         chunked = False
         started = False
+        pending = b""
         while True:
             try:
                 event = up.next_event()
@@ -763,10 +767,13 @@ class EgressProxy:
                     await client.send(_http.error_response(502, Reason.UPSTREAM_FAILED))
                 return False
             if event is h11.NEED_DATA:
+                if pending:
+                    await client.send(pending)
+                    pending = b""
                 async with asyncio.timeout(self.idle_timeout):
-                    data = await loop.sock_recv(upstream, _UPSTREAM_READ)
-                record.bytes_down += len(data)
-                up.receive_data(data)
+                    received = await loop.sock_recv(upstream, _UPSTREAM_READ)
+                record.bytes_down += len(received)
+                up.receive_data(received)
                 continue
             if isinstance(event, h11.InformationalResponse):
                 if request.http_version == b"1.1":
@@ -795,17 +802,21 @@ class EgressProxy:
                     *framing,
                     (b"connection", connection),
                 ]
-                await client.send(_status_line(event) + _header_block(headers))
+                # Held back to go out with the first body bytes: one write, one segment.
+                pending = _status_line(event) + _header_block(headers)
                 continue
             if isinstance(event, h11.Data):
+                data = event.data
                 if chunked:
-                    await client.send(b"%x\r\n" % len(event.data) + event.data + b"\r\n")
-                else:
-                    await client.send(event.data)
+                    data = b"%x\r\n" % len(data) + data + b"\r\n"
+                if pending:
+                    data, pending = pending + data, b""
+                await client.send(data)
                 continue
             if isinstance(event, h11.EndOfMessage):
-                if chunked:
-                    await client.send(b"0\r\n\r\n")
+                tail = b"0\r\n\r\n" if chunked else b""
+                if pending or tail:
+                    await client.send(pending + tail)
                 return keep
             # ConnectionClosed before the end of a response: the client sees a cut body.
             return False

@@ -3,8 +3,8 @@
 Measured on this host (bench/egress.py), buffered protocols reading straight into a
 preallocated buffer and writing it to the peer transport move bytes faster than
 ``sock_recv_into``/``sock_sendall`` loops: no future per read, no copy when the peer socket
-takes the whole chunk. Memory is bounded by the buffer plus the peer's high-water mark:
-when the peer cannot keep up, reading from this side pauses.
+takes the whole chunk. Memory per tunnel is bounded by the peer's high-water mark: when
+the peer cannot keep up, reading from this side pauses.
 
 Half-close: an EOF from one side becomes a ``shutdown(SHUT_WR)`` towards the other, and the
 tunnel ends when both directions have finished (or either side fails).
@@ -15,23 +15,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import weakref
 from typing import cast
 
 __all__ = ["RELAY_BUFFER", "relay"]
 
-#: Read size per direction; large reads keep the per-byte Python overhead low.
-RELAY_BUFFER = 256 * 1024
-#: Peer write-buffer high-water mark; above it the reading side pauses.
-_HIGH_WATER = 1024 * 1024
+#: Read size; large reads keep the per-byte Python overhead low (one buffer per loop).
+RELAY_BUFFER = 1024 * 1024
+#: Peer write-buffer high-water mark; above it the reading side pauses, which bounds the
+#: memory one slow reader can make the proxy hold.
+_HIGH_WATER = 256 * 1024
+
+
+class _SharedBuffer:
+    """One read buffer for every tunnel on the loop.
+
+    The loop is single-threaded and ``buffer_updated`` hands the bytes to the peer
+    transport before the next read can start, so tunnels need not own a buffer each:
+    500 idle tunnels then cost sockets, not 500 large buffers. When the peer transport
+    keeps part of a write (it may hold a view of it), the buffer is replaced, never reused.
+    """
+
+    __slots__ = ("size", "view")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.view = memoryview(bytearray(size))
+
+    def detach(self) -> None:
+        self.view = memoryview(bytearray(self.size))
+
+
+# Per loop (each proxy thread has its own loop, and buffers must never cross threads).
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _SharedBuffer]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _buffer_for(loop: asyncio.AbstractEventLoop, size: int) -> _SharedBuffer:
+    per_loop = _shared.setdefault(loop, {})
+    buffer = per_loop.get(size)
+    if buffer is None:
+        buffer = per_loop[size] = _SharedBuffer(size)
+    return buffer
 
 
 class _Half(asyncio.BufferedProtocol):
     """One socket of the tunnel; what it reads goes to ``peer``'s transport."""
 
-    def __init__(self, tunnel: _Tunnel, size: int) -> None:
+    def __init__(self, tunnel: _Tunnel, shared: _SharedBuffer) -> None:
         self.tunnel = tunnel
-        self.size = size
-        self.buffer = memoryview(bytearray(size))
+        self.shared = shared
         self.transport: asyncio.Transport | None = None
         self.peer: _Half | None = None
         self.count = 0
@@ -45,18 +79,18 @@ class _Half(asyncio.BufferedProtocol):
         self.transport.pause_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.buffer
+        return self.shared.view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.count += nbytes
         peer = self.peer
         if peer is None or peer.transport is None or peer.lost:
             return
-        peer.transport.write(self.buffer[:nbytes])
+        peer.transport.write(self.shared.view[:nbytes])
         if peer.transport.get_write_buffer_size():
             # The transport may keep a view of an unsent tail (newer asyncio does not copy),
             # so the next read must not overwrite it.
-            self.buffer = memoryview(bytearray(self.size))
+            self.shared.detach()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -88,8 +122,9 @@ class _Half(asyncio.BufferedProtocol):
 class _Tunnel:
     def __init__(self, size: int) -> None:
         self.loop = asyncio.get_running_loop()
-        self.client = _Half(self, size)
-        self.upstream = _Half(self, size)
+        shared = _buffer_for(self.loop, size)
+        self.client = _Half(self, shared)
+        self.upstream = _Half(self, shared)
         self.client.peer = self.upstream
         self.upstream.peer = self.client
         self.done = self.loop.create_future()

@@ -1,0 +1,429 @@
+"""Egress proxy benchmark: stockade vs direct vs squid (vs srt when installed), one run.
+
+Measures, all on loopback:
+
+* CONNECT-tunnel throughput: 1 GiB downloaded through a tunnel;
+* forward-proxy throughput: 1 GiB response body through ``GET http://...``;
+* latency: p50/p99 of 1,000 small HTTP requests, each on a fresh connection;
+* 500 concurrent tunnels held 10 s, then used: errors, and the proxy's RSS.
+
+The upstream servers and each proxy run in their own processes so that no measurement
+shares a GIL with what it measures. The last line printed is one JSON object.
+Run: ``.venv/bin/python bench/egress.py [--size-mib 1024] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+NAME = "allowed.test"
+ROOT = Path(__file__).resolve().parent.parent
+
+# Upstream roles, in one process with a thread per connection:
+#   source: reads an 8-byte length, sends that many bytes, closes;
+#   http:   GET /big/N answers N bytes, anything else a 2-byte body; then closes;
+#   echo:   echoes until EOF.
+UPSTREAM = r"""
+import socket, sys, threading
+CHUNK = memoryview(b"x" * (4 << 20))
+
+def source(conn):
+    need = b""
+    while len(need) < 8:
+        part = conn.recv(8 - len(need))
+        if not part:
+            return
+        need += part
+    left = int.from_bytes(need, "big")
+    while left:
+        n = min(left, len(CHUNK))
+        conn.sendall(CHUNK[:n])
+        left -= n
+
+def http(conn):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = conn.recv(65536)
+        if not part:
+            return
+        data += part
+    path = data.split(b" ", 2)[1]
+    size = int(path.split(b"/")[2]) if path.startswith(b"/big/") else 2
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+    if size == 2:
+        conn.sendall(b"ok")
+        return
+    left = size
+    while left:
+        n = min(left, len(CHUNK))
+        conn.sendall(CHUNK[:n])
+        left -= n
+
+def echo(conn):
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(data)
+
+def serve(sock, handler):
+    while True:
+        conn, _ = sock.accept()
+        def run(conn=conn):
+            try:
+                handler(conn)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+        threading.Thread(target=run, daemon=True).start()
+
+ports = []
+for handler in (source, http, echo):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(2048)
+    ports.append(s.getsockname()[1])
+    threading.Thread(target=serve, args=(s, handler), daemon=True).start()
+print(" ".join(map(str, ports)), flush=True)
+sys.stdin.read()
+"""
+
+# stockade's proxy in its own process, with the test name pinned to loopback.
+STOCKADE = r"""
+import asyncio, resource, socket, sys
+from stockade.egress import EgressProxy, EgressRules
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+rules = EgressRules(allow=("allowed.test",), hosts={"allowed.test": "127.0.0.1"},
+                    tls_ports=())
+count = 0
+def audit(decision, fields):
+    global count
+    count += 1
+proxy = EgressProxy(rules, audit)
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen(4096)
+print(sock.getsockname()[1], flush=True)
+asyncio.run(proxy.serve_socket(sock))
+"""
+
+SQUID_CONF = """\
+http_port 127.0.0.1:{port}
+acl target dstdomain {name}
+acl CONNECT method CONNECT
+http_access allow target
+http_access deny all
+hosts_file {dir}/hosts
+dns_nameservers 127.0.0.1
+cache deny all
+cache_mem 8 MB
+maximum_object_size_in_memory 0 KB
+access_log none
+cache_store_log none
+cache_log {dir}/cache.log
+pid_filename {dir}/squid.pid
+coredump_dir {dir}
+max_filedescriptors 8192
+workers 1
+shutdown_lifetime 1 seconds
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def recv_exact_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = sock.recv(65536)
+        if not part:
+            raise RuntimeError(f"connection closed in the head: {data!r}")
+        data += part
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def drain(sock: socket.socket, expected: int, already: int = 0) -> int:
+    buffer = bytearray(4 << 20)
+    view = memoryview(buffer)
+    got = already
+    while got < expected:
+        n = sock.recv_into(view)
+        if not n:
+            break
+        got += n
+    return got
+
+
+def tunnel_open(proxy: int | None, port: int) -> socket.socket:
+    if proxy is None:
+        return socket.create_connection((HOST, port), 10)
+    sock = socket.create_connection((HOST, proxy), 10)
+    sock.sendall(f"CONNECT {NAME}:{port} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode())
+    head, rest = recv_exact_head(sock)
+    if b" 200 " not in head.split(b"\r\n")[0] + b" ":
+        raise RuntimeError(f"CONNECT refused: {head[:80]!r}")
+    assert not rest
+    return sock
+
+
+def tunnel_throughput(proxy: int | None, port: int, size: int) -> float:
+    sock = tunnel_open(proxy, port)
+    with sock:
+        started = time.perf_counter()
+        sock.sendall(size.to_bytes(8, "big"))
+        got = drain(sock, size)
+        elapsed = time.perf_counter() - started
+    if got != size:
+        raise RuntimeError(f"tunnel moved {got} of {size} bytes")
+    return size / elapsed
+
+
+def forward_throughput(proxy: int | None, port: int, size: int) -> float:
+    target = proxy if proxy is not None else port
+    sock = socket.create_connection((HOST, target), 10)
+    with sock:
+        started = time.perf_counter()
+        url = f"http://{NAME}:{port}/big/{size}" if proxy is not None else f"/big/{size}"
+        sock.sendall(f"GET {url} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode())
+        head, rest = recv_exact_head(sock)
+        if b" 200 " not in head.split(b"\r\n")[0] + b" ":
+            raise RuntimeError(f"forward GET failed: {head[:80]!r}")
+        got = drain(sock, size, len(rest))
+        elapsed = time.perf_counter() - started
+    if got != size:
+        raise RuntimeError(f"forward moved {got} of {size} bytes")
+    return size / elapsed
+
+
+def latency(proxy: int | None, port: int, count: int) -> tuple[float, float, int]:
+    samples = []
+    errors = 0
+    target = proxy if proxy is not None else port
+    url = f"http://{NAME}:{port}/" if proxy is not None else "/"
+    request = f"GET {url} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode()
+    for _ in range(count):
+        started = time.perf_counter()
+        try:
+            with socket.create_connection((HOST, target), 5) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(request)
+                data = b""
+                while not data.endswith(b"ok"):
+                    part = sock.recv(65536)
+                    if not part:
+                        break
+                    data += part
+            if not data.endswith(b"ok"):
+                errors += 1
+                continue
+        except OSError:
+            errors += 1
+            continue
+        samples.append(time.perf_counter() - started)
+    samples.sort()
+    p50 = statistics.median(samples) * 1000
+    p99 = samples[int(len(samples) * 0.99) - 1] * 1000
+    return p50, p99, errors
+
+
+def concurrent(proxy: int, port: int, pid: int, count: int, hold: float) -> dict[str, Any]:
+    socks: list[socket.socket] = []
+    errors = 0
+    started = time.perf_counter()
+    try:
+        for _ in range(count):
+            try:
+                socks.append(tunnel_open(proxy, port))
+            except (OSError, RuntimeError):
+                errors += 1
+        opened = time.perf_counter() - started
+        time.sleep(hold)
+        rss = rss_kib(pid)
+        for index, sock in enumerate(socks):
+            payload = f"ping-{index}".encode()
+            try:
+                sock.settimeout(5)
+                sock.sendall(payload)
+                if sock.recv(100) != payload:
+                    errors += 1
+            except OSError:
+                errors += 1
+    finally:
+        for sock in socks:
+            sock.close()
+    return {"connections": count, "errors": errors, "open_s": round(opened, 3), "rss_kib": rss}
+
+
+@contextlib.contextmanager
+def process(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(argv, text=True, **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def ensure_squid() -> str | None:
+    path = shutil.which("squid") or (
+        "/usr/sbin/squid" if Path("/usr/sbin/squid").exists() else None
+    )
+    if path is not None:
+        return path
+    if os.geteuid() != 0:
+        print("squid: not installed and not root; skipped", file=sys.stderr)
+        return None
+    print("squid: installing with apt-get", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    result = subprocess.run(
+        ["apt-get", "install", "-y", "-q", "squid"], capture_output=True, text=True, env=env
+    )
+    if result.returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
+        result = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "squid"], capture_output=True, text=True, env=env
+        )
+    if result.returncode != 0:
+        print(f"squid: install failed: {result.stderr[-300:]}", file=sys.stderr)
+        return None
+    # The package starts a system squid; this benchmark runs its own.
+    subprocess.run(["systemctl", "stop", "squid"], capture_output=True)
+    subprocess.run(["service", "squid", "stop"], capture_output=True)
+    return shutil.which("squid") or "/usr/sbin/squid"
+
+
+@contextlib.contextmanager
+def squid(binary: str) -> Iterator[tuple[int, int]]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="stockade-squid-") as tmp:
+        directory = Path(tmp)
+        (directory / "hosts").write_text(f"127.0.0.1 {NAME}\n")
+        conf = directory / "squid.conf"
+        conf.write_text(SQUID_CONF.format(port=port, name=NAME, dir=directory))
+        os.chmod(directory, 0o777)  # squid drops to its own user and writes its log here
+        with process([binary, "-N", "-f", str(conf)], stdout=subprocess.DEVNULL) as proc:
+            wait_port(port)
+            yield port, proc.pid
+
+
+def run_suite(
+    label: str, proxy: int | None, ports: list[int], size: int, samples: int
+) -> dict[str, Any]:
+    source, http, _ = ports
+    tunnel = max(tunnel_throughput(proxy, source, size) for _ in range(2))
+    forward = max(forward_throughput(proxy, http, size) for _ in range(2))
+    p50, p99, errors = latency(proxy, http, samples)
+    result = {
+        "tunnel_GBps": round(tunnel / 1e9, 3),
+        "forward_GBps": round(forward / 1e9, 3),
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(p99, 3),
+        "latency_errors": errors,
+    }
+    print(f"{label:>9}: {result}", file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrent", type=int, default=500)
+    parser.add_argument("--hold", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 200 requests, 2 s hold")
+    args = parser.parse_args()
+    if args.quick:
+        args.size_mib, args.requests, args.hold = 64, 200, 2.0
+    size = args.size_mib << 20
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out: dict[str, Any] = {"size_mib": args.size_mib}
+    with process(
+        [sys.executable, "-c", UPSTREAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as upstream:
+        assert upstream.stdout is not None
+        ports = [int(p) for p in upstream.stdout.readline().split()]
+        out["direct"] = run_suite("direct", None, ports, size, args.requests)
+        with process([sys.executable, "-c", STOCKADE], stdout=subprocess.PIPE, env=env) as stockade:
+            assert stockade.stdout is not None
+            port = int(stockade.stdout.readline())
+            wait_port(port)
+            out["stockade"] = run_suite("stockade", port, ports, size, args.requests)
+            out["stockade"]["concurrent"] = concurrent(
+                port, ports[2], stockade.pid, args.concurrent, args.hold
+            )
+            print(f"concurrent: {out['stockade']['concurrent']}", file=sys.stderr)
+        binary = ensure_squid()
+        if binary is not None:
+            with squid(binary) as (port, pid):
+                out["squid"] = run_suite("squid", port, ports, size, args.requests)
+                out["squid"]["rss_kib"] = rss_kib(pid)
+        else:
+            out["squid"] = None
+        out["srt"] = None
+        out["srt_note"] = "srt (@anthropic-ai/sandbox-runtime) is not installed; skipped"
+    s, d = out["stockade"], out["direct"]
+    ratios: dict[str, Any] = {
+        "added_p50_ms": round(s["p50_ms"] - d["p50_ms"], 3),
+        "tunnel_vs_direct": round(s["tunnel_GBps"] / d["tunnel_GBps"], 3),
+    }
+    if out["squid"]:
+        q = out["squid"]
+        ratios["tunnel_vs_squid"] = round(s["tunnel_GBps"] / q["tunnel_GBps"], 3)
+        ratios["forward_vs_squid"] = round(s["forward_GBps"] / q["forward_GBps"], 3)
+        ratios["p50_vs_squid"] = round(s["p50_ms"] / q["p50_ms"], 3)
+    targets = {
+        "tunnel_ge_squid": bool(out["squid"]) and ratios.get("tunnel_vs_squid", 0) >= 1,
+        "forward_ge_squid": bool(out["squid"]) and ratios.get("forward_vs_squid", 0) >= 1,
+        "added_p50_le_0.5ms": ratios["added_p50_ms"] <= 0.5,
+        "concurrent_no_error": s["concurrent"]["errors"] == 0,
+    }
+    out["ratios"] = ratios
+    out["targets"] = targets
+    print(json.dumps(out, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
