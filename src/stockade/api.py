@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import SandboxError
+from stockade._record import replace
 from stockade.policy import LAYERS, Policy, load_policy
 from stockade.policy._load import add_allowed_hosts
 from stockade.runtime import RunRequest, RunResult, execute

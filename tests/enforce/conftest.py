@@ -8,7 +8,6 @@ every access the tests expect Landlock to refuse: the canary is world-readable, 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from stockade._record import replace
 from stockade.enforce import landlock, seccomp
 from stockade.enforce.launcher import LauncherSpec, build_launcher, launcher_path, prepare
 
@@ -155,7 +155,7 @@ class Box:
             seccomp_expected=True,
             deny_probe=str(self.canary),
         )
-        return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+        return replace(base, **changes)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {

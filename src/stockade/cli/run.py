@@ -64,8 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the command; return its exit code (or stockade's own, see DESIGN §4 rule 11)."""
-    from dataclasses import replace
-
+    from stockade._record import replace
     from stockade.policy import load_policy
     from stockade.runtime import RunRequest
     from stockade.runtime import execute as run

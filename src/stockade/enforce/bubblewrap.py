@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from stockade._record import field, record
 
 #: Directories bound read-only as "the system". Everything else on the host is invisible.
 SYSTEM_PATHS: tuple[str, ...] = (
@@ -55,7 +56,7 @@ SYSTEM_SECRETS: tuple[str, ...] = (
 STOCKADE_DIR = "/run/stockade"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ContainerPlan:
     """Everything the argv depends on, already resolved to absolute paths."""
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from stockade._record import record
 from stockade.policy import EnvPolicy
 from stockade.policy._credentials import looks_like_credential
 
@@ -37,7 +37,7 @@ _LC = re.compile(r"^LC_[A-Z]+$")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EnvironmentPlan:
     """The child's environment and the names that were kept out of it."""
 

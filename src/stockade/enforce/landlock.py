@@ -8,7 +8,7 @@ for ``stockade doctor``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from stockade._record import record
 
 __all__ = [
     "ABI_FEATURES",
@@ -22,7 +22,7 @@ _SYS_LANDLOCK_CREATE_RULESET = 444  # same number on x86_64 and aarch64
 _LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 
 
-@dataclass(frozen=True)
+@record
 class AbiFeature:
     """What one Landlock ABI version added, and what stockade uses it for."""
 

@@ -28,10 +28,10 @@ import hashlib
 import os
 import stat
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from stockade._exceptions import SandboxError, Unavailable
+from stockade._record import record
 
 __all__ = [
     "SPEC_MAGIC",
@@ -48,7 +48,7 @@ _BPF_INSN_SIZE = 8
 _MAX_BPF_INSNS = 4096
 
 
-@dataclass(frozen=True)
+@record
 class LauncherSpec:
     """What the launcher applies before exec.
 

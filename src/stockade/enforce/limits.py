@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from stockade._record import field, record
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CgroupSupport:
     """Where this process may create cgroups: one directory per controller (v1) or one (v2)."""
 
@@ -95,7 +96,7 @@ def _sweep(support: CgroupSupport) -> None:
                         os.rmdir(entry.path)
 
 
-@dataclass
+@record(frozen=False)
 class Cgroup:
     """The cgroup(s) of one sandbox: created with limits, joined by its first process."""
 

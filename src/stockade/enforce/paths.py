@@ -16,8 +16,9 @@ import glob
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+from stockade._record import record
 
 #: Locations under HOME that hold credentials; never bound into the sandbox, even when a
 #: PATH entry points into them.
@@ -207,7 +208,7 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DenyMatches:
     """What ``filesystem.deny`` globs matched at the start of a run."""
 
@@ -242,7 +243,7 @@ def expand_deny(globs: Iterable[str], workspace: Path, visible: Iterable[Path]) 
     return DenyMatches(tuple(dict.fromkeys(files)), tuple(dict.fromkeys(dirs)))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Protection:
     """Protected paths for one run."""
 

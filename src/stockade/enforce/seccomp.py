@@ -75,7 +75,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+from stockade._record import record
 
 __all__ = [
     "ARCHES",
@@ -134,7 +135,7 @@ _AF_NETLINK = 16
 _NETLINK_ROUTE = 0
 
 
-@dataclass(frozen=True)
+@record
 class _Arch:
     audit_arch: int
     x32_check: bool
@@ -389,7 +390,7 @@ def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> byte
     return b"".join(prog)
 
 
-@dataclass(frozen=True)
+@record
 class ProcessStatus:
     """The confinement-related fields of ``/proc/<pid>/status``."""
 

@@ -8,7 +8,8 @@ vocabulary. The audit log writes each decision exactly once.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from stockade._record import record
 
 
 class Verdict(enum.StrEnum):
@@ -68,7 +69,7 @@ class Reason(enum.StrEnum):
     ALLOWED = "allowed"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     """One decision: ``verdict`` by ``layer`` because of ``reason`` (rule ``rule`` matched)."""
 

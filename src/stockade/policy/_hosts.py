@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from dataclasses import dataclass
 
 import idna
+
+from stockade._record import record
 
 __all__ = ["HostPattern", "PatternKind", "ip_literal", "normalize_host", "parse_pattern"]
 
@@ -191,7 +192,7 @@ class PatternKind(enum.Enum):
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostPattern:
     """One parsed policy entry; ``text`` is the entry as written (used as the rule name)."""
 

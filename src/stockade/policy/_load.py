@@ -16,11 +16,11 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import PolicyError
+from stockade._record import replace
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
     LAYERS,
@@ -448,10 +448,7 @@ def _build(
 
     # --- layers -----------------------------------------------------------------
     layers = LayersPolicy(
-        **{
-            f.name: v.boolean(f"layers.{f.name}", lay.get(f.name, True))
-            for f in fields(LayersPolicy)
-        }
+        **{name: v.boolean(f"layers.{name}", lay.get(name, True)) for name in LAYERS}
     )
 
     policy = Policy(

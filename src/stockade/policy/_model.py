@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from stockade._record import asdict, field, fields, record
 
 #: The switchable layers, in the order they are described and reported.
 LAYERS: tuple[str, ...] = (
@@ -26,7 +27,7 @@ LAYERS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EnvPass:
     """One entry of ``env.pass``: a variable passed through from the caller."""
 
@@ -34,7 +35,7 @@ class EnvPass:
     allow_secret: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FilesystemPolicy:
     """``[filesystem]``: what the sandbox may read and write."""
 
@@ -47,7 +48,7 @@ class FilesystemPolicy:
     protect: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EnvPolicy:
     """``[env]``: how the child's environment is built."""
 
@@ -58,7 +59,7 @@ class EnvPolicy:
 # --- inspect: request rules, bound secrets, labels ------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestRule:
     """One ``[[network.rules]]`` entry: what an inspected request to ``host`` may do.
 
@@ -80,7 +81,7 @@ class RequestRule:
         return f"network.rules[{self.index}]"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BoundSecret:
     """``[secrets.NAME]``: a credential the sandbox sees only as a placeholder.
 
@@ -96,7 +97,7 @@ class BoundSecret:
     header: str = "authorization"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Labels:
     """``[labels]``: data that must never leave through an inspected request."""
 
@@ -116,7 +117,7 @@ class Labels:
 # --- end inspect ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NetworkPolicy:
     """``[network]``: where the sandbox may connect, through the stockade proxy."""
 
@@ -132,7 +133,7 @@ class NetworkPolicy:
     upstream_ca: Path | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LimitsPolicy:
     """``[limits]``: resource caps. 0 means unlimited for the time limits."""
 
@@ -143,7 +144,7 @@ class LimitsPolicy:
     wall_seconds: float = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LayersPolicy:
     """``[layers]``: each layer is on unless turned off explicitly."""
 
@@ -161,13 +162,13 @@ class LayersPolicy:
 
     def without(self, *names: str) -> LayersPolicy:
         """A copy with the named layers turned off."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {name: getattr(self, name) for name in fields(self)}
         for name in names:
             values[name] = False
         return LayersPolicy(**values)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Policy:
     """A validated, composed policy. Build one with :func:`stockade.policy.load_policy`."""
 

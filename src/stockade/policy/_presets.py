@@ -16,8 +16,9 @@ to that default deny. ``git push`` is allowed only with ``allow_push = true``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
+
+from stockade._record import record
 
 #: A request rule as plain data (see the module docstring).
 Rule = dict[str, Any]
@@ -25,7 +26,7 @@ Rule = dict[str, Any]
 _READ_ONLY = ["GET", "HEAD"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PresetGrant:
     """What a set of presets adds to a policy."""
 

@@ -8,10 +8,10 @@ The key names are a contract: tools outside the project write such files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from stockade._record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Key:
     """One policy key: its kind (how it is validated), default (as TOML) and help."""
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from stockade._exceptions import PolicyError
+from stockade._record import field, record, replace
 from stockade.policy._load import _check_host_pattern, parse_policy_text
 from stockade.policy._model import Policy
 
@@ -48,7 +48,7 @@ HEADER = """\
 """
 
 
-@dataclass
+@record(frozen=False)
 class SrtTranslation:
     """The result of translating srt settings: stockade keys, their comments, notes."""
 

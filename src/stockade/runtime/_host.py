@@ -10,13 +10,13 @@ import functools
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from stockade._exceptions import Unavailable
+from stockade._record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Check:
     """One host feature: whether it works, what was found, and the fix when it does not."""
 

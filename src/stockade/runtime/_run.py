@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +29,7 @@ from stockade._exceptions import (
     SandboxError,
     Unavailable,
 )
+from stockade._record import field, record, replace
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason
@@ -45,7 +45,7 @@ def default_audit_dir() -> Path:
     return Path(base) / "stockade" / "runs"
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class RunRequest:
     """What to run and how; the policy is already loaded and validated."""
 
@@ -72,7 +72,7 @@ class RunRequest:
     egress: Any = None
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class RunResult:
     """The outcome of one run."""
 
