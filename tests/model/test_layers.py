@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from stockade.model import Action, Boundary, Credential, Inspection, Kind, RequestRule
-from stockade.policy import FilesystemPolicy, NetworkPolicy, Policy, Reason
+from stockade.model import Action, Boundary, Credential, Kind, Route, evaluate
+from stockade.policy import (
+    BoundSecret,
+    FilesystemPolicy,
+    Labels,
+    NetworkPolicy,
+    Policy,
+    Reason,
+    RequestRule,
+)
 
 POLICY = Policy(
     filesystem=FilesystemPolicy(workspace=Path("/w"), read=(Path("/r"),), deny=("**/.env",)),
@@ -15,11 +23,11 @@ POLICY = Policy(
         allow=("reg.test", "*.cdn.test", "10.1.2.3"),
         deny=("bad.cdn.test",),
         hosts={"reg.test": "127.0.0.1", "pinless.test": "127.0.0.1"},
+        rules=(RequestRule("reg.test", ("GET",)),),
     ),
+    secrets=(BoundSecret("API_KEY", "env:API_KEY", ("api.cdn.test",)),),
 )
-B = Boundary(
-    POLICY, Inspection(rules=(RequestRule("reg.test", ("GET",)),), bound_hosts=("api.cdn.test",))
-)
+B = Boundary(POLICY)
 
 
 def net(host: str, address: str = "", **kw: object) -> Action:
@@ -44,7 +52,56 @@ def net(host: str, address: str = "", **kw: object) -> Action:
     ],
 )
 def test_egress(action: Action, reason: Reason | None) -> None:
-    assert B.stops("egress", action) == reason
+    route = Route.PROXY if action.kind in (Kind.NET_CONNECT, Kind.DNS_LOOKUP) else None
+    assert B.stops("egress", action, route) == reason
+
+
+@pytest.mark.parametrize("kind", [Kind.NET_CONNECT, Kind.NET_REQUEST, Kind.DNS_LOOKUP])
+def test_direct_route_is_stopped_by_egress_alone(kind: Kind) -> None:
+    a = Action("d", kind, "https://reg.test/", False, host="reg.test", port=443, method="PUT")
+    assert B.stops("egress", a, Route.DIRECT) == Reason.UNSUPPORTED_PROTOCOL
+    for layer in ("files", "container", "syscalls", "secrets", "inspect", "limits"):
+        assert B.stops(layer, a, Route.DIRECT) is None, layer
+
+
+def test_either_route_lets_the_action_through() -> None:
+    upload = Action(
+        "u",
+        Kind.NET_REQUEST,
+        "https://reg.test/up",
+        False,
+        host="reg.test",
+        port=443,
+        method="PUT",
+        path="/up",
+        address="127.0.0.1",
+    )
+    # inspect alone: the proxy route is refused, the direct one is not (no namespace).
+    alone = evaluate(B, [upload], ("inspect",)).outcome("u")
+    assert alone.through
+    assert alone.through_routes == (Route.DIRECT,)
+    # the layer alone does not stop the action: it stops only one of its routes
+    assert B.stops("inspect", upload) is None
+    assert B.stops("inspect", upload, Route.PROXY) == Reason.NO_RULE_MATCHED
+    both = evaluate(B, [upload], ("egress", "inspect")).outcome("u")
+    assert not both.through
+    assert both.stopped_by == (
+        ("egress", Reason.UNSUPPORTED_PROTOCOL),
+        ("inspect", Reason.NO_RULE_MATCHED),
+    )
+    proxy_only = Action(
+        "p",
+        Kind.NET_REQUEST,
+        "https://reg.test/up",
+        False,
+        host="reg.test",
+        port=443,
+        method="PUT",
+        path="/up",
+        address="127.0.0.1",
+        routes=(Route.PROXY,),
+    )
+    assert not evaluate(B, [proxy_only], ("inspect",)).outcome("p").through
 
 
 def test_metadata_needs_the_single_address() -> None:
@@ -61,8 +118,8 @@ def test_metadata_needs_the_single_address() -> None:
         )
     )
     a = net("169.254.169.254")
-    assert wide.stops("egress", a) == Reason.ADDRESS_METADATA
-    assert exact.stops("egress", a) is None
+    assert wide.stops("egress", a, Route.PROXY) == Reason.ADDRESS_METADATA
+    assert exact.stops("egress", a, Route.PROXY) is None
 
 
 @pytest.mark.parametrize(
@@ -94,23 +151,72 @@ def test_symlink_judged_on_the_real_file() -> None:
     assert B.stops("files", Action("l", Kind.FILE_READ, "/w/link", False)) is None
 
 
-def test_inspect_rules_and_credentials() -> None:
-    def req(host: str, method: str, cred: Credential = Credential.NONE) -> Action:
-        return Action(
-            "r", Kind.NET_REQUEST, host, False, host=host, method=method, path="/", credential=cred
-        )
+def _req(
+    host: str,
+    method: str,
+    cred: Credential = Credential.NONE,
+    *,
+    scheme: str = "https",
+    port: int = 443,
+    labelled: bool = False,
+) -> Action:
+    return Action(
+        "r",
+        Kind.NET_REQUEST,
+        f"{scheme}://{host}/",
+        False,
+        host=host,
+        port=port,
+        method=method,
+        path="/",
+        credential=cred,
+        labelled=labelled,
+    )
 
-    assert B.stops("inspect", req("reg.test", "GET")) is None
-    assert B.stops("inspect", req("reg.test", "PUT")) == Reason.RULE_DENIED
-    assert B.stops("inspect", req("x.cdn.test", "PUT")) is None  # opaque: no rules
-    assert (
-        B.stops("inspect", req("api.cdn.test", "GET", Credential.FOREIGN))
-        == Reason.FOREIGN_CREDENTIAL
+
+@pytest.mark.parametrize(
+    ("action", "reason"),
+    [
+        (_req("reg.test", "GET"), None),
+        (_req("reg.test", "PUT"), Reason.NO_RULE_MATCHED),
+        (_req("x.cdn.test", "PUT"), None),  # opaque: no rule, no secret, no labels
+        (_req("api.cdn.test", "GET", Credential.FOREIGN), Reason.FOREIGN_CREDENTIAL),
+        (_req("api.cdn.test", "GET", Credential.BOUND), None),
+        (_req("reg.test", "GET", Credential.BOUND), Reason.SECRET_WRONG_HOST),
+        # an uninspected host is an opaque tunnel: a placeholder sent there is not seen
+        (_req("x.cdn.test", "GET", Credential.BOUND), None),
+        (_req("reg.test", "GET", scheme="http"), Reason.UNSUPPORTED_PROTOCOL),
+        (_req("reg.test", "GET", port=8443), Reason.UNSUPPORTED_PROTOCOL),
+        (_req("reg.test", "TRACE"), Reason.BAD_REQUEST),
+        (_req("x.cdn.test", "GET", labelled=True), None),  # no labels configured
+    ],
+)
+def test_inspect_on_the_proxy_route(action: Action, reason: Reason | None) -> None:
+    assert B.stops("inspect", action, Route.PROXY) == reason
+    assert B.stops("inspect", action, Route.DIRECT) is None
+
+
+def test_labels_make_every_host_inspected() -> None:
+    labelled = Boundary(
+        Policy(
+            filesystem=FilesystemPolicy(workspace=Path("/w")),
+            network=NetworkPolicy(allow=("x.test",)),
+            labels=Labels(canaries=("CANARY",)),
+        )
     )
-    assert B.stops("inspect", req("api.cdn.test", "GET", Credential.BOUND)) is None
-    assert (
-        B.stops("inspect", req("x.cdn.test", "GET", Credential.BOUND)) == Reason.SECRET_WRONG_HOST
+    a = _req("x.test", "POST", labelled=True)
+    assert labelled.stops("inspect", a, Route.PROXY) == Reason.LABELLED_DATA
+    assert labelled.stops("inspect", _req("x.test", "POST"), Route.PROXY) is None
+    assert labelled.stops("inspect", _req("x.test", "GET", scheme="http"), Route.PROXY) == (
+        Reason.UNSUPPORTED_PROTOCOL
     )
+
+
+def test_inspect_refuses_a_raw_tunnel_to_an_inspected_host_on_a_plain_port() -> None:
+    raw = Action("c", Kind.NET_CONNECT, "reg.test:22", False, host="reg.test", port=22)
+    assert B.stops("inspect", raw, Route.PROXY) == Reason.UNSUPPORTED_PROTOCOL
+    tls = Action("c", Kind.NET_CONNECT, "reg.test:443", False, host="reg.test", port=443)
+    assert B.stops("inspect", tls, Route.PROXY) is None
 
 
 def test_secrets_syscalls_limits() -> None:

@@ -11,21 +11,22 @@ from stockade.model import (
     Action,
     Boundary,
     Credential,
-    Inspection,
     Kind,
-    RequestRule,
+    Route,
     check_monotonic,
     evaluate,
     subsets,
 )
 from stockade.policy import (
     LAYERS,
+    BoundSecret,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
     LimitsPolicy,
     NetworkPolicy,
     Policy,
+    RequestRule,
 )
 
 HOSTS = [
@@ -91,19 +92,47 @@ policies = st.builds(
     st.integers(min_value=1, max_value=10_000),
 )
 
-inspections = st.builds(
-    lambda rules, bound: Inspection(rules=tuple(rules), bound_hosts=tuple(bound)),
-    st.lists(
-        st.builds(
-            RequestRule,
-            st.sampled_from(["a.test", "*.a.test"]),
-            st.lists(st.sampled_from(["GET", "HEAD", "POST"]), max_size=2).map(tuple),
-            st.lists(st.sampled_from(["/v1/", "/pkg/"]), max_size=1).map(tuple),
-        ),
-        max_size=2,
+rules = st.lists(
+    st.builds(
+        RequestRule,
+        st.sampled_from(["a.test", "*.a.test", "b.test:443"]),
+        st.lists(st.sampled_from(["GET", "HEAD", "POST"]), max_size=2).map(tuple),
+        st.lists(st.sampled_from(["/v1/**", "/pkg/*", "/**"]), min_size=1, max_size=2).map(tuple),
+        st.sampled_from(["allow", "deny", "report"]),
     ),
-    st.lists(st.sampled_from(["a.test", "api.a.test"]), max_size=2),
-)
+    max_size=3,
+).map(tuple)
+
+bound_secrets = st.lists(
+    st.builds(
+        lambda hosts: BoundSecret("KEY", "env:KEY", tuple(hosts)),
+        st.lists(st.sampled_from(["a.test", "api.a.test"]), min_size=1, max_size=2),
+    ),
+    max_size=1,
+).map(tuple)
+
+
+def with_inspect(
+    policy: Policy, request_rules: tuple[RequestRule, ...], secrets: tuple[BoundSecret, ...]
+) -> Policy:
+    """``policy`` with request rules and bound secrets (the inspect layer's input)."""
+    net = policy.network
+    return Policy(
+        filesystem=policy.filesystem,
+        env=policy.env,
+        network=NetworkPolicy(
+            allow=net.allow,
+            deny=net.deny,
+            hosts=net.hosts,
+            tls_ports=(443, 8080),
+            rules=request_rules,
+        ),
+        limits=policy.limits,
+        secrets=secrets,
+    )
+
+
+inspected_policies = st.builds(with_inspect, policies, rules, bound_secrets)
 
 
 @st.composite
@@ -124,41 +153,46 @@ def actions(draw: st.DrawFn) -> Action:
         resolved=draw(st.sampled_from(["", *PATHS])),
         credential=draw(st.sampled_from(list(Credential))),
         amount=draw(st.integers(min_value=0, max_value=20_000)),
+        routes=draw(
+            st.sampled_from([(Route.DIRECT, Route.PROXY), (Route.PROXY,), (Route.DIRECT,)])
+        ),
+        labelled=draw(st.booleans()),
     )
 
 
 @settings(max_examples=60, deadline=None)
-@given(policies, inspections, st.lists(actions(), min_size=1, max_size=6))
-def test_adding_a_layer_never_opens_anything(
-    policy: Policy, inspection: Inspection, acts: list[Action]
-) -> None:
-    assert check_monotonic(Boundary(policy, inspection), acts) == []
+@given(inspected_policies, st.lists(actions(), min_size=1, max_size=6))
+def test_adding_a_layer_never_opens_anything(policy: Policy, acts: list[Action]) -> None:
+    assert check_monotonic(Boundary(policy), acts) == []
 
 
 @settings(max_examples=100, deadline=None)
 @given(
-    policies,
-    inspections,
+    inspected_policies,
     st.lists(actions(), min_size=1, max_size=6),
     st.sets(st.sampled_from(LAYERS)),
 )
-def test_through_iff_no_active_layer_stops(
-    policy: Policy, inspection: Inspection, acts: list[Action], layers: set[str]
+def test_through_iff_some_route_has_no_active_layer_stopping_it(
+    policy: Policy, acts: list[Action], layers: set[str]
 ) -> None:
-    b = Boundary(policy, inspection)
+    b = Boundary(policy)
     ev = evaluate(b, acts, layers)
     for outcome in ev.outcomes:
-        expected = all(b.stops(layer, outcome.action) is None for layer in layers)
+        a = outcome.action
+        expected = any(
+            all(b.stops(layer, a, route) is None for layer in layers) for route in a.paths_out
+        )
         assert outcome.through == expected
+        if len(a.paths_out) == 1:
+            # one route: the layers' own verdicts on the action decide it
+            assert outcome.through == all(b.stops(layer, a) is None for layer in layers)
     assert ev.open_unneeded + ev.broken_needed <= len(acts)
 
 
 @settings(max_examples=60, deadline=None)
-@given(policies, inspections, st.lists(actions(), min_size=1, max_size=5))
-def test_counts_are_monotonic_in_the_layer_set(
-    policy: Policy, inspection: Inspection, acts: list[Action]
-) -> None:
-    b = Boundary(policy, inspection)
+@given(inspected_policies, st.lists(actions(), min_size=1, max_size=5))
+def test_counts_are_monotonic_in_the_layer_set(policy: Policy, acts: list[Action]) -> None:
+    b = Boundary(policy)
     for small in subsets(("files", "container", "egress", "inspect")):
         big = (*small, "secrets", "syscalls")
         assert evaluate(b, acts, big).open_unneeded <= evaluate(b, acts, small).open_unneeded
@@ -171,3 +205,15 @@ def test_workspace_reads_never_stopped_by_files(policy: Policy) -> None:
     b = Boundary(policy)
     a = Action("r", Kind.FILE_READ, "/w/src/main.py", True)
     assert b.stops("files", a) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(inspected_policies, st.lists(actions(), min_size=1, max_size=4))
+def test_each_route_is_monotonic_on_its_own(policy: Policy, acts: list[Action]) -> None:
+    b = Boundary(policy)
+    for small in subsets(("container", "egress", "inspect")):
+        big = (*small, "files")
+        for a in acts:
+            small_open = evaluate(b, [a], small).outcome(a.id).through_routes
+            big_open = evaluate(b, [a], big).outcome(a.id).through_routes
+            assert set(big_open) <= set(small_open)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.model import Boundary, check_monotonic, evaluate, exercised_layers, subsets
+from stockade.model import Boundary, Route, check_monotonic, evaluate, exercised_layers, subsets
 from stockade.probe import scenarios
 from stockade.probe.scenarios import Layout
 
@@ -18,7 +18,7 @@ def seed() -> scenarios.Scenario:
 
 @pytest.fixture
 def boundary(seed: scenarios.Scenario) -> Boundary:
-    return Boundary(seed.policy, seed.inspection)
+    return Boundary(seed.policy)
 
 
 def test_seed_has_three_needed_and_five_unneeded(seed: scenarios.Scenario) -> None:
@@ -41,7 +41,10 @@ def test_inspect_closes_the_upload(seed: scenarios.Scenario, boundary: Boundary)
     ev = evaluate(boundary, seed.actions, ("files", "container", "egress", "inspect"))
     assert ev.open_unneeded == 0
     assert ev.broken_needed == 0
-    assert ev.outcome("upload").stopper == "inspect"
+    upload = ev.outcome("upload")
+    # egress closes the direct route, inspect the proxy route egress lets on
+    routes = {r.route: [layer for layer, _ in r.stopped_by] for r in upload.routes}
+    assert routes == {Route.DIRECT: ["egress"], Route.PROXY: ["inspect"]}
     assert ev.outcome("download").through
 
 
@@ -52,7 +55,7 @@ def test_inspect_closes_the_upload(seed: scenarios.Scenario, boundary: Boundary)
         ("write-system", ["files", "container"]),
         ("survive", ["container"]),
         ("connect-evil", ["egress"]),
-        ("upload", ["inspect"]),
+        ("upload", ["egress", "inspect"]),
         ("read-workspace", []),
         ("write-workspace", []),
         ("download", []),
@@ -63,6 +66,27 @@ def test_which_layer_stops_each_seed_action(
 ) -> None:
     ev = evaluate(boundary, seed.actions, ("files", "container", "egress", "inspect"))
     assert [layer for layer, _ in ev.outcome(action).stopped_by] == stoppers
+
+
+def test_inspect_alone_lets_the_upload_through_directly(
+    seed: scenarios.Scenario, boundary: Boundary
+) -> None:
+    ev = evaluate(boundary, seed.actions, ("inspect",))
+    upload = ev.outcome("upload")
+    assert upload.through
+    assert upload.through_routes == (Route.DIRECT,)
+    assert ev.open_unneeded == 5
+    proxy = next(r for r in upload.routes if r.route is Route.PROXY)
+    assert [layer for layer, _ in proxy.stopped_by] == ["inspect"]
+
+
+def test_upload_needs_egress_and_inspect_together(
+    seed: scenarios.Scenario, boundary: Boundary
+) -> None:
+    for subset in subsets(("files", "container", "egress", "inspect")):
+        ev = evaluate(boundary, seed.actions, subset)
+        closed = "egress" in subset and "inspect" in subset
+        assert ev.outcome("upload").through is not closed, subset
 
 
 def test_no_needed_action_broken_in_any_subset(
@@ -87,12 +111,12 @@ def test_seed_exercises_the_four_boundaries(seed: scenarios.Scenario, boundary: 
 @pytest.mark.parametrize("name", scenarios.SCENARIOS)
 def test_scenarios_are_monotonic_on_every_subset(name: str) -> None:
     sc = scenarios.build(name, Layout(Path("/w")))
-    assert check_monotonic(Boundary(sc.policy, sc.inspection), sc.actions) == []
+    assert check_monotonic(Boundary(sc.policy), sc.actions) == []
 
 
 def test_extended_needed_actions_never_broken() -> None:
     sc = scenarios.build("extended", Layout(Path("/w")))
-    b = Boundary(sc.policy, sc.inspection)
+    b = Boundary(sc.policy)
     full = evaluate(
         b, sc.actions, ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
     )

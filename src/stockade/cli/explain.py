@@ -76,23 +76,27 @@ def _broad_note(entry: str) -> str | None:
 
 def analyse(policy: Any) -> dict[str, Any]:
     """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data."""
-    from stockade.model import Action, Boundary, Kind, evaluate
+    from stockade.model import Action, Boundary, Kind, RuleHost, evaluate
     from stockade.policy import LAYERS, Policy
     from stockade.probe import scenarios
 
     assert isinstance(policy, Policy)
     boundary = Boundary(policy)
     layers = policy.layers
+    writing = {"PUT", "POST", "PATCH", "DELETE"}
     destinations = []
     for entry in policy.network.allow:
         host = entry.split(":")[0].removeprefix("*.")
-        rules = boundary.rules_for(host)
-        methods = sorted({m for r in rules for m in r.methods}) if rules else ["any"]
+        rules = [r for r in policy.network.rules if RuleHost.parse(r.host).matches(host, 443)]
+        letting = [r for r in rules if r.action != "deny"]
+        methods = sorted({m for r in letting for m in r.methods}) if rules else ["any"]
+        if any(not r.methods for r in letting):
+            methods = ["any"]
+        # A deny rule never lets a write on; allow and report rules do.
         writes = not rules or any(
-            not r.methods or {"PUT", "POST", "PATCH", "DELETE"} & {m.upper() for m in r.methods}
-            for r in rules
+            not r.methods or writing & {m.upper() for m in r.methods} for r in letting
         )
-        inspected = layers.inspect and bool(rules)
+        inspected = layers.inspect and boundary.inspected(host, 443)
         effects = ["download"] + (["upload"] if writes else [])
         destinations.append(
             {
@@ -100,7 +104,7 @@ def analyse(policy: Any) -> dict[str, Any]:
                 "effects": effects,
                 "methods": methods,
                 "inspected": inspected,
-                "bound_credential": boundary.bound(host),
+                "bound_credential": boundary.bound(host, 443),
                 "exfiltration_channel": writes,
                 "note": (
                     "accepts writes: anything the sandbox reads can leave through it"

@@ -23,8 +23,14 @@ egress     empty network namespace; the only way out is the stockade proxy; DNS 
            private/loopback/metadata addresses.
 inspect    TLS interception; method/path rules; credential binding; data scanning.
            Stops uploads to an allow-listed host, an attacker's key on an allowed API,
-           a secret sent to the wrong host.
+           a secret sent to the wrong host, labelled data; read from the policy's
+           network.rules, [secrets.NAME] and [labels].
 limits     rlimits and, where available, a cgroup. Stops fork/memory/disk bombs, hangs.
+
+A network action is judged per route: ``direct`` (a socket that ignores the proxy
+variables), stopped only by egress's empty network namespace, and ``proxy``, stopped by
+egress's host decision and by inspect. It gets through when any of its routes does; each
+route is monotone, so the action is too.
 
 What each does NOT stop is what the probe's extended scenario shows: the container does
 not stop reads of what is bound in, egress does not stop what an allowed connection
@@ -33,11 +39,14 @@ carries, inspect does not stop a host left as an opaque tunnel.
 
 from __future__ import annotations
 
+from stockade.model._actions import NETWORK_KINDS as NETWORK_KINDS
 from stockade.model._actions import Action as Action
 from stockade.model._actions import Credential as Credential
 from stockade.model._actions import Kind as Kind
+from stockade.model._actions import Route as Route
 from stockade.model._evaluate import Evaluation as Evaluation
 from stockade.model._evaluate import Outcome as Outcome
+from stockade.model._evaluate import RouteOutcome as RouteOutcome
 from stockade.model._evaluate import Violation as Violation
 from stockade.model._evaluate import canonical as canonical
 from stockade.model._evaluate import check_monotonic as check_monotonic
@@ -47,22 +56,25 @@ from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
 from stockade.model._layers import SYSTEM_PATHS as SYSTEM_PATHS
 from stockade.model._layers import Boundary as Boundary
-from stockade.model._layers import Inspection as Inspection
-from stockade.model._layers import RequestRule as RequestRule
 from stockade.model._layers import host_public as host_public
 from stockade.model._layers import parse_host_entry as parse_host_entry
+from stockade.model._rules import RuleHost as RuleHost
+from stockade.model._rules import Rules as Rules
 
 __all__ = [
     "BLOCKED_SYSCALLS",
+    "NETWORK_KINDS",
     "SYSTEM_PATHS",
     "Action",
     "Boundary",
     "Credential",
     "Evaluation",
-    "Inspection",
     "Kind",
     "Outcome",
-    "RequestRule",
+    "Route",
+    "RouteOutcome",
+    "RuleHost",
+    "Rules",
     "Violation",
     "canonical",
     "check_monotonic",

@@ -30,6 +30,22 @@ class Kind(enum.StrEnum):
     RESOURCE = "resource"
 
 
+class Route(enum.StrEnum):
+    """A way a network action can leave the sandbox.
+
+    An attempt may try several; it gets through when any of them does.
+    """
+
+    #: a socket that ignores the proxy variables (only the network namespace stops it)
+    DIRECT = "direct"
+    #: through the stockade proxy named by ``HTTP_PROXY`` and friends
+    PROXY = "proxy"
+
+
+#: The kinds that leave the sandbox over the network, and so take :class:`Route` values.
+NETWORK_KINDS: frozenset[Kind] = frozenset({Kind.NET_CONNECT, Kind.NET_REQUEST, Kind.DNS_LOOKUP})
+
+
 class Credential(enum.StrEnum):
     """Which credential an HTTP request carries."""
 
@@ -48,8 +64,11 @@ class Action:
     ``host:port``, a socket path. File actions judge ``resolved`` when it is set (the
     real file a link in ``target`` points at), because Landlock and the mount table act
     on the real file, never on a spelling. Network actions use ``host``, ``port``,
-    ``method`` and ``path``; ``address`` is the IP the host is known to resolve to
-    (empty when unknown, taken as public).
+    ``method`` and ``path`` (already normalised, as the proxy matches rules on it);
+    ``address`` is the IP the host is known to resolve to (empty when unknown, taken as
+    public). A request's scheme is the one of its ``target`` URL. ``routes`` are the ways
+    a network action is tried (the strongest attacker tries both); ``labelled`` says the
+    request carries data the policy labels.
     """
 
     id: str
@@ -65,6 +84,19 @@ class Action:
     resolved: str = ""
     credential: Credential = Credential.NONE
     amount: int = 0
+    routes: tuple[Route, ...] = (Route.DIRECT, Route.PROXY)
+    labelled: bool = False
+
+    @property
+    def paths_out(self) -> tuple[Route | None, ...]:
+        """The routes this action is judged on: its ``routes`` for a network action,
+        ``(None,)`` for every other kind (no route applies)."""
+        return self.routes if self.kind in NETWORK_KINDS else (None,)
+
+    @property
+    def plain_http(self) -> bool:
+        """True for an HTTP request whose target is an ``http://`` URL (no TLS)."""
+        return self.kind is Kind.NET_REQUEST and self.target.lower().startswith("http://")
 
     @property
     def file_path(self) -> str:

@@ -6,17 +6,41 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stockade.model._actions import Action
+from stockade.model._actions import Action, Route
 from stockade.model._layers import Boundary
 from stockade.policy import LAYERS, Reason
 
 
 @dataclass(frozen=True, slots=True)
+class RouteOutcome:
+    """What the layers did to one route of a network action (``route`` None otherwise)."""
+
+    route: Route | None
+    stopped_by: tuple[tuple[str, Reason], ...]
+
+    @property
+    def through(self) -> bool:
+        """True when no active layer stops this route."""
+        return not self.stopped_by
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
-    """What the layers did to one action: every active layer that stops it, with why."""
+    """What the layers did to one action.
+
+    ``routes`` holds each route's stoppers. The action gets through when any route does;
+    then ``stopped_by`` is empty, otherwise it lists every (layer, reason) that stops some
+    route, in canonical layer order.
+    """
 
     action: Action
     stopped_by: tuple[tuple[str, Reason], ...]
+    routes: tuple[RouteOutcome, ...] = ()
+
+    @property
+    def through_routes(self) -> tuple[Route, ...]:
+        """The routes of a network action that get through."""
+        return tuple(r.route for r in self.routes if r.through and r.route is not None)
 
     @property
     def through(self) -> bool:
@@ -73,13 +97,28 @@ def evaluate(boundary: Boundary, actions: Sequence[Action], layers: Iterable[str
     active = canonical(layers)
     outcomes = []
     for action in actions:
-        stops = []
-        for layer in active:
-            reason = boundary.stops(layer, action)
-            if reason is not None:
-                stops.append((layer, reason))
-        outcomes.append(Outcome(action, tuple(stops)))
+        routes = tuple(_route(boundary, action, route, active) for route in action.paths_out)
+        if any(r.through for r in routes):
+            stops: tuple[tuple[str, Reason], ...] = ()
+        else:
+            seen: dict[str, Reason] = {}
+            for r in routes:
+                for layer, reason in r.stopped_by:
+                    seen.setdefault(layer, reason)
+            stops = tuple((layer, seen[layer]) for layer in active if layer in seen)
+        outcomes.append(Outcome(action, stops, routes))
     return Evaluation(active, tuple(outcomes))
+
+
+def _route(
+    boundary: Boundary, action: Action, route: Route | None, active: tuple[str, ...]
+) -> RouteOutcome:
+    stops = []
+    for layer in active:
+        reason = boundary.stops(layer, action, route)
+        if reason is not None:
+            stops.append((layer, reason))
+    return RouteOutcome(route, tuple(stops))
 
 
 def subsets(layers: Iterable[str]) -> list[tuple[str, ...]]:
@@ -93,11 +132,15 @@ def subsets(layers: Iterable[str]) -> list[tuple[str, ...]]:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """Adding ``added`` to ``layers`` let ``action`` through that ``layers`` stopped."""
+    """Adding ``added`` to ``layers`` let ``action`` through that ``layers`` stopped.
+
+    ``route`` names the route that opened, or is None when the action as a whole did.
+    """
 
     layers: tuple[str, ...]
     added: str
     action: str
+    route: Route | None = None
 
 
 def check_monotonic(
@@ -105,23 +148,40 @@ def check_monotonic(
 ) -> list[Violation]:
     """Check that adding a layer never opens anything, over every subset of ``layers``.
 
+    Checked for every route of a network action on its own, and for the action as a
+    whole (through when any route is): both must only close as layers are added.
     Returns the violations (empty when the boundary is monotonic).
     """
     base = canonical(layers)
-    through = {s: {a.id for a in evaluate(boundary, actions, s).through} for s in subsets(base)}
+    # Open (action id, route) pairs per subset; route None stands for the whole action.
+    open_at: dict[tuple[str, ...], set[tuple[str, Route | None]]] = {}
+    for subset in subsets(base):
+        ev = evaluate(boundary, actions, subset)
+        opened: set[tuple[str, Route | None]] = set()
+        for o in ev.outcomes:
+            if o.through:
+                opened.add((o.action.id, None))
+            opened.update((o.action.id, r) for r in o.through_routes)
+        open_at[subset] = opened
     violations = []
-    for subset, open_ids in through.items():
+    for subset, opened in open_at.items():
         for extra in base:
             if extra in subset:
                 continue
             bigger = canonical((*subset, extra))
-            for action_id in sorted(through[bigger] - open_ids):
-                violations.append(Violation(subset, extra, action_id))
+            for action_id, route in sorted(open_at[bigger] - opened, key=_order):
+                violations.append(Violation(subset, extra, action_id, route))
     return violations
 
 
+def _order(item: tuple[str, Route | None]) -> tuple[str, str]:
+    return item[0], item[1] or ""
+
+
 def exercised_layers(boundary: Boundary, actions: Sequence[Action]) -> tuple[str, ...]:
-    """The layers that stop at least one of ``actions`` (the ones worth switching)."""
+    """The layers that stop at least one route of ``actions`` (the ones worth switching)."""
     return tuple(
-        layer for layer in LAYERS if any(boundary.stops(layer, a) is not None for a in actions)
+        layer
+        for layer in LAYERS
+        if any(boundary.stops(layer, a, r) is not None for a in actions for r in a.paths_out)
     )

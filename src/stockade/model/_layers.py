@@ -2,8 +2,15 @@
 
 Each predicate reads only the policy (and the few facts of the build the enforcement
 also hard-codes, listed below); none depends on which other layers are on. That
-independence is what makes the boundary monotonic: an action gets through a set of
-layers only when no layer of the set stops it, so adding a layer can only stop more.
+independence is what makes the boundary monotonic: a route of an action gets through a
+set of layers only when no layer of the set stops it, so adding a layer can only stop
+more; and an action gets through when any of its routes does, which an added layer can
+only make rarer.
+
+A network action is judged per :class:`~stockade.model.Route`. The ``direct`` route (a
+socket that ignores the proxy variables) is stopped by ``egress``'s empty network
+namespace and by nothing else that concerns the network. The ``proxy`` route is stopped
+by ``egress``'s host decision and by ``inspect``.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from stockade.model._actions import Action, Credential, Kind
+from stockade.model._actions import Action, Credential, Kind, Route
+from stockade.model._rules import RuleHost, Rules
 from stockade.policy import LAYERS, Policy, Reason
 from stockade.policy._credentials import looks_like_credential
 
@@ -107,7 +115,13 @@ CONTAINER_SYSCALLS: frozenset[str] = frozenset({"userns", "mount"})
 
 _METADATA = frozenset({"169.254.169.254", "fd00:ec2::254", "100.100.100.200"})
 
-Predicate = Callable[[Action], Reason | None]
+#: what the proxy refuses on an inspected host: TRACE/TRACK echo the request back, a
+#: CONNECT inside a tunnel would open an unexamined one (egress.inspect REFUSED_METHODS)
+INSPECT_REFUSED_METHODS: frozenset[str] = frozenset({"TRACE", "TRACK", "CONNECT"})
+
+#: A layer's predicate: the reason it stops the action on the route (None: not stopped).
+#: The route is None for actions that do not leave over the network.
+Predicate = Callable[[Action, Route | None], Reason | None]
 
 
 def _within(path: str, root: str) -> bool:
@@ -117,39 +131,6 @@ def _within(path: str, root: str) -> bool:
 
 def _within_any(path: str, roots: Iterable[str]) -> bool:
     return any(_within(path, r) for r in roots)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRule:
-    """An ``inspect`` rule: on ``host``, requests with these methods and path prefixes pass.
-
-    Empty ``methods`` or ``paths`` means any. A host with at least one rule is inspected;
-    a request there that no rule allows is refused.
-    """
-
-    host: str
-    methods: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
-
-    def allows(self, method: str, path: str) -> bool:
-        """True when this rule lets ``method path`` through."""
-        if self.methods and method.upper() not in {m.upper() for m in self.methods}:
-            return False
-        return not self.paths or any(path.startswith(p) for p in self.paths)
-
-
-@dataclass(frozen=True, slots=True)
-class Inspection:
-    """What the ``inspect`` layer is told beyond the allow-list.
-
-    The v1 policy schema has no place for request rules or credential bindings yet, so
-    they are given here; the probe reports ``inspect`` as not enforceable while the
-    policy the runtime reads cannot carry them.
-    """
-
-    rules: tuple[RequestRule, ...] = ()
-    #: hosts to which the policy binds a credential (placeholder swapped by the proxy)
-    bound_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +204,16 @@ class Boundary:
     """
 
     policy: Policy
-    inspection: Inspection = field(default_factory=Inspection)
     landlock_scopes: bool = True
+    _rules: Rules = field(init=False, repr=False, compare=False)
+    _bound_hosts: tuple[RuleHost, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Compiled once (the rules are judged for every action of every subset); the
+        # dataclass is frozen, so the derived fields are set the way its __init__ does.
+        object.__setattr__(self, "_rules", Rules(self.policy.network.rules))
+        bound = tuple(RuleHost.parse(h) for s in self.policy.secrets for h in s.hosts)
+        object.__setattr__(self, "_bound_hosts", bound)
 
     def predicate(self, layer: str) -> Predicate:
         """The predicate of ``layer``."""
@@ -233,9 +222,19 @@ class Boundary:
         fn: Predicate = getattr(self, f"_{layer}")
         return fn
 
-    def stops(self, layer: str, action: Action) -> Reason | None:
-        """The reason ``layer`` stops ``action``, or None when it lets it through."""
-        return self.predicate(layer)(action)
+    def stops(self, layer: str, action: Action, route: Route | None = None) -> Reason | None:
+        """The reason ``layer`` stops ``action`` on ``route``, or None when it lets it through.
+
+        Without ``route``, a network action counts as stopped by the layer alone only when
+        the layer stops every one of its routes (the reason is the first route's).
+        """
+        fn = self.predicate(layer)
+        if route is not None:
+            return fn(action, route)
+        reasons = [fn(action, r) for r in action.paths_out]
+        if any(reason is None for reason in reasons):
+            return None
+        return reasons[0]
 
     # -- files: Landlock on the real files ---------------------------------------------
 
@@ -252,7 +251,7 @@ class Boundary:
         fs = self.policy.filesystem
         return (str(fs.workspace), *(str(p) for p in fs.write))
 
-    def _files(self, action: Action) -> Reason | None:
+    def _files(self, action: Action, route: Route | None = None) -> Reason | None:
         # The sandbox's own scratch directories (TMPDIR, a throw-away HOME) are granted too;
         # an action aimed at the host is never aimed at them, so they do not appear here.
         if action.kind is Kind.FILE_READ:
@@ -311,7 +310,7 @@ class Boundary:
                 return True
         return False
 
-    def _container(self, action: Action) -> Reason | None:
+    def _container(self, action: Action, route: Route | None = None) -> Reason | None:
         kind = action.kind
         if kind is Kind.FILE_READ:
             return self._visible(action.file_path)
@@ -338,14 +337,14 @@ class Boundary:
 
     # -- syscalls: seccomp --------------------------------------------------------------
 
-    def _syscalls(self, action: Action) -> Reason | None:
+    def _syscalls(self, action: Action, route: Route | None = None) -> Reason | None:
         if action.kind is Kind.SYSCALL and action.target in BLOCKED_SYSCALLS:
             return Reason.SYSCALL_BLOCKED
         return None
 
     # -- secrets: the environment allow-list -------------------------------------------
 
-    def _secrets(self, action: Action) -> Reason | None:
+    def _secrets(self, action: Action, route: Route | None = None) -> Reason | None:
         if action.kind is not Kind.ENV_READ:
             return None
         name = action.target
@@ -387,8 +386,14 @@ class Boundary:
             return None
         return Reason.ADDRESS_NOT_PUBLIC
 
-    def _egress(self, action: Action) -> Reason | None:
+    def _egress(self, action: Action, route: Route | None = None) -> Reason | None:
         kind = action.kind
+        if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST, Kind.DNS_LOOKUP) and (
+            route is not Route.PROXY
+        ):
+            # The empty network namespace has no interface but loopback: a socket that
+            # ignores the proxy reaches nothing. Its only way out is the proxy's protocol.
+            return Reason.UNSUPPORTED_PROTOCOL
         if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return self.host_decision(action.host, action.port, action.address)
         if kind is Kind.DNS_LOOKUP:
@@ -399,33 +404,62 @@ class Boundary:
             return Reason.UNSUPPORTED_PROTOCOL
         return None
 
-    # -- inspect: request rules and credential binding ---------------------------------
+    # -- inspect: request rules, credential binding, labelled data ---------------------
 
-    def rules_for(self, host: str) -> tuple[RequestRule, ...]:
-        """The request rules that apply to ``host``."""
+    def bound(self, host: str, port: int = 0) -> bool:
+        """True when the policy binds a credential (``[secrets.NAME]``) to ``host:port``."""
         host = host.lower().rstrip(".")
-        return tuple(r for r in self.inspection.rules if parse_host_entry(r.host).matches(host, 0))
+        return any(h.matches(host, port) for h in self._bound_hosts)
 
-    def bound(self, host: str) -> bool:
-        """True when the policy binds a credential to ``host``."""
+    def inspected(self, host: str, port: int) -> bool:
+        """True when the proxy intercepts traffic to ``host:port`` rather than relaying it.
+
+        As the enforcement decides: a rule names the host, a secret is bound to it, or
+        labels are configured (then every host is, labelled data may go anywhere).
+        """
         host = host.lower().rstrip(".")
-        return any(parse_host_entry(h).matches(host, 0) for h in self.inspection.bound_hosts)
+        return (
+            self.policy.labels.configured or self._rules.ruled(host, port) or self.bound(host, port)
+        )
 
-    def _inspect(self, action: Action) -> Reason | None:
-        if action.kind is not Kind.NET_REQUEST:
+    def rule_decision(self, host: str, port: int, method: str, path: str) -> Reason | None:
+        """Why ``network.rules`` refuse ``method path`` on ``host:port`` (None: let on)."""
+        return self._rules.decide(host.lower().rstrip("."), port, method, path)
+
+    def _inspect(self, action: Action, route: Route | None = None) -> Reason | None:
+        # Inspection happens in the proxy: a route that bypasses it is not its concern.
+        if route is not Route.PROXY or action.kind not in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return None
-        if action.credential is Credential.FOREIGN and self.bound(action.host):
-            return Reason.FOREIGN_CREDENTIAL
-        if action.credential is Credential.BOUND and not self.bound(action.host):
+        host, port = action.host.lower().rstrip("."), action.port
+        if not self.inspected(host, port):
+            # An opaque tunnel: whatever it carries is out of sight (DESIGN §2).
+            return None
+        if action.plain_http or port not in self.policy.network.tls_ports:
+            # Plain HTTP, or a tunnel on a port that need not carry TLS, would pass an
+            # inspected host unexamined: only TLS on a TLS port is intercepted.
+            return Reason.UNSUPPORTED_PROTOCOL
+        if action.kind is Kind.NET_CONNECT:
+            # A TLS tunnel is intercepted; what it carries is judged as requests.
+            return None
+        if action.method in INSPECT_REFUSED_METHODS:
+            return Reason.BAD_REQUEST
+        # The order of the proxy's checks: rules, then secrets headed to the wrong host and
+        # labelled data, then the credential binding.
+        ruled = self.rule_decision(host, port, action.method, action.path)
+        if ruled is not None:
+            return ruled
+        bound = self.bound(host, port)
+        if action.credential is Credential.BOUND and not bound:
             return Reason.SECRET_WRONG_HOST
-        rules = self.rules_for(action.host)
-        if rules and not any(r.allows(action.method, action.path) for r in rules):
-            return Reason.RULE_DENIED
+        if action.labelled and self.policy.labels.configured:
+            return Reason.LABELLED_DATA
+        if action.credential is Credential.FOREIGN and bound:
+            return Reason.FOREIGN_CREDENTIAL
         return None
 
     # -- limits: rlimits and cgroup ----------------------------------------------------
 
-    def _limits(self, action: Action) -> Reason | None:
+    def _limits(self, action: Action, route: Route | None = None) -> Reason | None:
         if action.kind is not Kind.RESOURCE:
             return None
         lim = self.policy.limits

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -78,9 +79,24 @@ def _http_request(step: Plan, via: tuple[str, int] | None) -> tuple[int, bytes]:
     headers = {"Host": f"{host}:{port}", "Connection": "close", **step.get("headers", {})}
     if body is not None:
         headers["Content-Length"] = str(len(body))
-    target = f"http://{host}:{port}{path}" if via else path
-    addr = via or (step.get("address", "127.0.0.1"), port)
-    with socket.create_connection(addr, timeout=TIMEOUT) as sock:
+    tls = bool(step.get("tls"))
+    # Plain HTTP through a proxy is a forward request (absolute URL); HTTPS goes through
+    # a CONNECT tunnel and carries the origin-form path, as every client does.
+    target = f"http://{host}:{port}{path}" if via and not tls else path
+    if via is not None and tls:
+        conn = _tunnel(via, host, port)
+    else:
+        conn = socket.create_connection(
+            via or (step.get("address", "127.0.0.1"), port), timeout=TIMEOUT
+        )
+    if tls:
+        context = ssl.create_default_context(cafile=step["ca"])
+        try:
+            conn = context.wrap_socket(conn, server_hostname=host)
+        except BaseException:
+            conn.close()
+            raise
+    with conn as sock:
         head = f"{method} {target} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
@@ -100,9 +116,13 @@ def _http_request(step: Plan, via: tuple[str, int] | None) -> tuple[int, bytes]:
 
 def op_http(step: Plan) -> str:
     errors: list[str] = []
-    for via in (_proxy(), None):
-        if via is None and errors and step.get("proxy_only"):
-            break
+    proxy = _proxy()
+    routes: list[tuple[str, int] | None] = [] if proxy is None else [proxy]
+    if not step.get("proxy_only"):
+        routes.append(None)
+    if not routes:
+        raise ConnectionError("proxy: no proxy in the environment")
+    for via in routes:
         try:
             status, body = _http_request(step, via)
         except OSError as exc:
@@ -259,8 +279,7 @@ def main() -> int:
         plan = json.load(fh)
     if "evidence" in plan:
         print(json.dumps({"evidence": evidence(plan["evidence"])}), flush=True)
-        return 0
-    for step in plan["steps"]:
+    for step in plan.get("steps", []):
         try:
             detail = OPS[step["op"]](step)
             done = True

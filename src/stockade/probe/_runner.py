@@ -10,6 +10,7 @@ assumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,16 @@ from typing import Any
 
 from stockade._exceptions import StockadeError
 from stockade.api import run as stockade_run
-from stockade.model import Boundary, canonical, evaluate, exercised_layers, subsets
+from stockade.model import (
+    Action,
+    Boundary,
+    Kind,
+    Route,
+    canonical,
+    evaluate,
+    exercised_layers,
+    subsets,
+)
 from stockade.policy import LAYERS, Policy
 from stockade.probe import scenarios
 from stockade.probe._world import AGENT_NAME, CONTROL_ENV, PLAN_NAME, World, world
@@ -217,14 +227,88 @@ def _run(
     return result.returncode, out, elapsed
 
 
-def _schema_has_request_rules() -> bool:
-    from stockade.policy import _schema
+def _inspect_check(w: World, scenario: scenarios.Scenario, scopes: bool) -> tuple[bool | None, str]:
+    """Run with egress and inspect on: is a request the rules refuse stopped by the proxy?
 
-    return "inspect" in _schema.SCHEMA or "rules" in _schema.SCHEMA.get("network", {})
+    Two requests go to the registry through the proxy only: one the model says the rules
+    let on (the control: the route works) and one they refuse. Returns (True, why) when
+    the control got through and the refused one never reached the registry, (False, why)
+    when the refused one reached it, (None, why) when the run says nothing either way.
+    """
+    lo = w.layout(f"inspect-{uuid.uuid4().hex[:8]}")
+    mark = f"{lo.nonce}:inspect-check"
+    boundary = Boundary(scenario.policy, landlock_scopes=scopes)
+    https = {
+        "op": "http",
+        "host": scenarios.REGISTRY,
+        "port": lo.registry_port,
+        "tls": True,
+        "ca": str(lo.ca_file),
+        "proxy_only": True,
+    }
+    control = {
+        **https,
+        "id": "control",
+        "method": "GET",
+        "path": "/pkg/left-pad.tgz",
+        "expect": scenarios.PACKAGE_BODY.decode(),
+    }
+    refused = {**https, "id": "refused", "method": "PUT", "path": "/inspect-check", "data": mark}
+    for step in (control, refused):
+        action = Action(
+            str(step["id"]),
+            Kind.NET_REQUEST,
+            f"https://{scenarios.REGISTRY}:{lo.registry_port}{step['path']}",
+            False,
+            host=scenarios.REGISTRY,
+            port=lo.registry_port,
+            method=str(step["method"]),
+            path=str(step["path"]),
+            address=scenarios.LOOPBACK,
+        )
+        # The check means something only if the policy's rules really treat it so.
+        expected = step is refused
+        got = boundary.stops("inspect", action, Route.PROXY) is not None
+        if got != expected:
+            return (
+                None,
+                f"the policy's rules do not {'refuse' if expected else 'allow'} {action.target}",
+            )
+    ws = scenario.policy.filesystem.workspace
+    (ws / PLAN_NAME).write_text(json.dumps({"steps": [control, refused]}))
+    code, out, _ = _run(
+        w,
+        scenario.policy,
+        w.caller_env(scenario.env),
+        [_python(), AGENT_NAME, PLAN_NAME],
+        ("egress", "inspect"),
+    )
+    time.sleep(0.15)
+    reports = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                reports[str(record.get("id"))] = record
+    if w.servers["registry"].saw(mark):
+        return False, (
+            "with egress and inspect on, a PUT that network.rules refuse reached the registry "
+            "through the proxy: this build's runtime does not hand its proxy an inspect layer"
+        )
+    if not reports.get("control", {}).get("done"):
+        detail = reports.get("control", {}).get("detail", out[1:] if out else f"exit {code}")
+        return None, f"an allowed GET through the proxy failed too ({detail}); nothing measured"
+    return True, "a PUT the rules refuse was stopped by the proxy, an allowed GET went through"
 
 
-def capabilities(w: World, scenario: scenarios.Scenario) -> dict[str, LayerBuild]:
-    """One run per layer with only that layer on; judge from the evidence it prints."""
+def capabilities(
+    w: World, scenario: scenarios.Scenario, scopes: bool = True
+) -> dict[str, LayerBuild]:
+    """One run per layer with only that layer on; judge from the evidence it prints.
+
+    ``inspect`` acts only in the proxy, so its evidence is a run with egress on too (see
+    :func:`_inspect_check`).
+    """
     plan = {"evidence": {"env": CONTROL_ENV, "file": str(w.control_file), "content": w.canary}}
     ws = scenario.policy.filesystem.workspace
     (ws / PLAN_NAME).write_text(json.dumps(plan))
@@ -293,15 +377,13 @@ def capabilities(w: World, scenario: scenarios.Scenario) -> dict[str, LayerBuild
             else "the host network namespace is shared"
         ),
     )
-    rules = _schema_has_request_rules()
-    verdict(
-        "inspect",
-        rules and proxy,
-        "request rules in the policy and a proxy",
-        "the policy schema has no request rules"
-        + ("" if proxy else " and no proxy is started")
-        + ": inspect cannot be enforced by this build",
-    )
+    if not out_builds["egress"].enforceable:
+        out_builds["inspect"] = LayerBuild(
+            "inspect", False, "inspect acts in the egress proxy, which this build does not run"
+        )
+    else:
+        inspected, why = _inspect_check(w, scenario, scopes)
+        out_builds["inspect"] = LayerBuild("inspect", inspected is True, why)
     want = scenario.policy.limits.file_size
     verdict(
         "limits",
@@ -316,7 +398,7 @@ def _run_subset(w: World, name: str, layers: tuple[str, ...], scopes: bool) -> S
     nonce = uuid.uuid4().hex[:12]
     layout = w.layout(nonce)
     sc = scenarios.build(name, layout)
-    ev = evaluate(Boundary(sc.policy, sc.inspection, landlock_scopes=scopes), sc.actions, layers)
+    ev = evaluate(Boundary(sc.policy, landlock_scopes=scopes), sc.actions, layers)
     steps = [{**s.attempt, "id": s.action.id, "address": s.action.address} for s in sc.steps]
     ws = sc.policy.filesystem.workspace
     (ws / PLAN_NAME).write_text(json.dumps({"steps": steps}))
@@ -387,9 +469,9 @@ def probe(
     scopes = _landlock_scopes()
     with world(base) as w:
         first = scenarios.build(scenario, w.layout("setup"))
-        boundary = Boundary(first.policy, first.inspection, landlock_scopes=scopes)
+        boundary = Boundary(first.policy, landlock_scopes=scopes)
         switchable = canonical(layers) if layers else exercised_layers(boundary, first.actions)
-        build = capabilities(w, first)
+        build = capabilities(w, first, scopes)
         report = Report(
             scenario,
             [

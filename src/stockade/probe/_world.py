@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -36,10 +37,15 @@ class Recorder:
 
     ``kind`` is ``http`` (answers like the registry or the API), ``raw`` (reads until the
     peer closes), ``udp`` (one datagram at a time) or ``unix`` (a stream unix socket).
+    With ``tls`` an ``http`` server speaks HTTPS with that context (what it records is
+    the decrypted request).
     """
 
-    def __init__(self, kind: str, path: Path | None = None) -> None:
+    def __init__(
+        self, kind: str, path: Path | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.kind = kind
+        self.tls = tls
         self.received: list[bytes] = []
         self._lock = threading.Lock()
         if kind == "udp":
@@ -77,6 +83,15 @@ class Recorder:
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(3.0)
+        if self.tls is not None:
+            try:
+                # wrap_socket detaches ``conn``; the wrapped socket is the one to close.
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                # A failed handshake (a client that does not trust the CA, a proxy that
+                # refused): nothing was received, nothing is recorded.
+                conn.close()
+                return
         with conn, contextlib.suppress(OSError):
             if self.kind == "http":
                 self._http(conn)
@@ -244,6 +259,29 @@ class World:
             self.fixture.wait()
 
 
+def _server_tls(root: Path, hosts: tuple[str, ...]) -> dict[str, ssl.SSLContext]:
+    """A test CA (written where the sandbox can read it) and a server context per host."""
+    from stockade.egress.inspect import CertificateAuthority
+
+    ca = CertificateAuthority.create(name="stockade probe test CA")
+    ca_file = Layout(root).ca_file
+    ca_file.parent.mkdir(parents=True, exist_ok=True)
+    ca_file.write_bytes(ca.cert_pem)
+    # The servers' keys stay outside every grant of the scenario's policy.
+    keys = root / "tls"
+    keys.mkdir(mode=0o700)
+    key_file = keys / "leaf.key"
+    key_file.write_bytes(ca.leaf_key_pem)
+    contexts = {}
+    for host in hosts:
+        chain = keys / f"{host}.pem"
+        chain.write_bytes(ca.leaf(host).chain_pem)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(chain, key_file)
+        contexts[host] = context
+    return contexts
+
+
 def _populate(root: Path, canary: str) -> Path:
     lo = Layout(root, canary=canary)
     home = lo.home
@@ -283,9 +321,10 @@ def world(base: Path | None = None) -> Iterator[World]:
     built: World | None = None
     try:
         control = _populate(root, canary)
+        tls = _server_tls(root, (scenarios.REGISTRY, scenarios.API))
         servers = {
-            "registry": Recorder("http"),
-            "api": Recorder("http"),
+            "registry": Recorder("http", tls=tls[scenarios.REGISTRY]),
+            "api": Recorder("http", tls=tls[scenarios.API]),
             "evil": Recorder("raw"),
             "loopback": Recorder("raw"),
             "dns": Recorder("udp"),

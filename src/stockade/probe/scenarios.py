@@ -27,14 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stockade.model import Action, Credential, Inspection, Kind, RequestRule
+from stockade.model import Action, Credential, Kind
 from stockade.policy import (
+    BoundSecret,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
     LimitsPolicy,
     NetworkPolicy,
     Policy,
+    RequestRule,
 )
 
 #: The names the world's servers answer to; all pinned to 127.0.0.1 by ``network.hosts``.
@@ -85,6 +87,15 @@ class Layout:
         return self.root / "system" / "etc"
 
     @property
+    def ca_file(self) -> Path:
+        """The test CA that signs the registry's and the API's certificates.
+
+        Under the read-only grant, so a client inside can verify the servers; the policy
+        names it as ``network.tls.upstream_ca`` for the proxy's side.
+        """
+        return self.system.parent / "ssl" / "probe-ca.pem"
+
+    @property
     def unix_socket(self) -> Path:
         """A host service's unix socket (a stand-in for docker.sock)."""
         return self.root / "run" / "docker.sock"
@@ -110,7 +121,6 @@ class Scenario:
 
     name: str
     policy: Policy
-    inspection: Inspection
     steps: tuple[Step, ...]
     #: the caller environment the run starts from (the secrets layer filters it)
     env: dict[str, str] = field(default_factory=dict)
@@ -121,30 +131,48 @@ class Scenario:
         return tuple(s.action for s in self.steps)
 
 
+#: The caller variable the API's bound credential is read from (by the proxy, on the host).
+API_SECRET_SOURCE = "PROBE_API_SECRET"  # noqa: S105 - a variable name, not a secret
+
+
 def _url(host: str, port: int, path: str) -> str:
-    return f"http://{host}:{port}{path}"
+    return f"https://{host}:{port}{path}"
 
 
 def scenario_policy(layout: Layout) -> Policy:
-    """The policy every scenario runs under: the registry and the API are allowed."""
+    """The policy every scenario runs under.
+
+    The registry and the API are allowed; the registry is read-only by request rules
+    (GET and HEAD), the API's key is bound to it. Both speak TLS on their ports, which
+    are TLS ports of the policy (an inspected host is reached only over TLS), with
+    certificates of the world's test CA.
+    """
     return Policy(
         filesystem=FilesystemPolicy(workspace=layout.workspace, read=(layout.system.parent,)),
         env=EnvPolicy(pass_=(EnvPass("PROBE_BUILD_MODE"),)),
         network=NetworkPolicy(
             allow=(REGISTRY, API),
             hosts={REGISTRY: LOOPBACK, API: LOOPBACK, EVIL: LOOPBACK},
-            tls_ports=(443,),
+            tls_ports=(443, layout.registry_port, layout.api_port),
+            rules=(RequestRule(REGISTRY, methods=("GET", "HEAD")),),
+            upstream_ca=layout.ca_file,
         ),
         limits=LimitsPolicy(file_size=FILE_SIZE_LIMIT),
+        secrets=(BoundSecret("PROBE_API_TOKEN", f"env:{API_SECRET_SOURCE}", (API,)),),
     )
 
 
-def scenario_inspection() -> Inspection:
-    """The inspect layer's rules: the registry is read-only, the API's key is bound."""
-    return Inspection(
-        rules=(RequestRule(REGISTRY, methods=("GET", "HEAD")),),
-        bound_hosts=(API,),
-    )
+def _https(lo: Layout, method: str, host: str, port: int, path: str) -> dict[str, Any]:
+    """The attempt of an HTTPS request, verified against the world's test CA."""
+    return {
+        "op": "http",
+        "method": method,
+        "host": host,
+        "port": port,
+        "path": path,
+        "tls": True,
+        "ca": str(lo.ca_file),
+    }
 
 
 def _seed_steps(lo: Layout) -> list[Step]:
@@ -194,11 +222,7 @@ def _seed_steps(lo: Layout) -> list[Step]:
                 address=LOOPBACK,
             ),
             {
-                "op": "http",
-                "method": "GET",
-                "host": REGISTRY,
-                "port": lo.registry_port,
-                "path": "/pkg/left-pad.tgz",
+                **_https(lo, "GET", REGISTRY, lo.registry_port, "/pkg/left-pad.tgz"),
                 "expect": PACKAGE_BODY.decode(),
             },
         ),
@@ -266,11 +290,7 @@ def _seed_steps(lo: Layout) -> list[Step]:
                 address=LOOPBACK,
             ),
             {
-                "op": "http",
-                "method": "PUT",
-                "host": REGISTRY,
-                "port": lo.registry_port,
-                "path": "/upload",
+                **_https(lo, "PUT", REGISTRY, lo.registry_port, "/upload"),
                 "data": f"{tag}:upload",
             },
             "sink:registry",
@@ -313,11 +333,7 @@ def _extended_steps(lo: Layout) -> list[Step]:
                 credential=Credential.FOREIGN,
             ),
             {
-                "op": "http",
-                "method": "GET",
-                "host": API,
-                "port": lo.api_port,
-                "path": "/v1/me",
+                **_https(lo, "GET", API, lo.api_port, "/v1/me"),
                 "headers": {"Authorization": f"Bearer ATTACKER-{tag}"},
             },
             "sink:api",
@@ -438,5 +454,8 @@ def build(name: str, layout: Layout) -> Scenario:
         "GH_TOKEN": layout.canary,
         "NPM_TOKEN": layout.canary,
         "PROBE_BUILD_MODE": "release",
+        # The bound credential's real value: the proxy would read it on the host; the
+        # sandbox is never given it (not on the allow-list).
+        API_SECRET_SOURCE: f"REAL-{layout.canary}",
     }
-    return Scenario(name, scenario_policy(layout), scenario_inspection(), tuple(steps), env)
+    return Scenario(name, scenario_policy(layout), tuple(steps), env)
