@@ -184,16 +184,23 @@ class Cgroup:
                             return True
         return False
 
-    def remove(self) -> None:
-        """Kill what is left and remove the directories (a cgroup with tasks cannot go)."""
+    def remove(self, *, kill: bool = True) -> None:
+        """Remove the directories, killing what is left first when ``kill``.
+
+        A cgroup with tasks cannot be removed: without ``kill`` (the container layer is
+        off, so processes may outlive the run by the user's choice) it stays until empty
+        and a later run sweeps it.
+        """
         for path in reversed(self.dirs):
-            for _ in range(50):
+            for _ in range(50 if kill else 1):
                 try:
                     path.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
+                    if not kill:
+                        break
                     self.kill()
                     time.sleep(0.01)
         self.dirs.clear()

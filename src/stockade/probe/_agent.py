@@ -91,6 +91,11 @@ def _http_request(step: Plan, via: tuple[str, int] | None) -> tuple[int, bytes]:
         )
     if tls:
         context = ssl.create_default_context(cafile=step["ca"])
+        # Like any client, also trust what the sandbox's environment says to trust: the
+        # inspect layer's bundle (system roots plus the run's CA) when it intercepts.
+        bundle = os.environ.get("SSL_CERT_FILE")
+        if bundle and os.path.exists(bundle):
+            context.load_verify_locations(cafile=bundle)
         try:
             conn = context.wrap_socket(conn, server_hostname=host)
         except BaseException:

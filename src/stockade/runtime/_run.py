@@ -305,7 +305,7 @@ def _execute(
             start: _Start | None = None
             cgroup = _make_cgroup(policy, audit) if bwrap is not None else None
             if egress_plan is not None or cgroup is not None:
-                start = _Start(egress_plan, audit, cgroup)
+                start = _Start(egress_plan, audit, cgroup, layers.container)
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -717,7 +717,8 @@ class _Start:
     proxy listens inside its network namespace.
     """
 
-    def __init__(self, egress: Any, audit: AuditLog, cgroup: Any) -> None:
+    def __init__(self, egress: Any, audit: AuditLog, cgroup: Any, contain: bool) -> None:
+        self.contain = contain
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
         self.cgroup = cgroup
@@ -770,4 +771,6 @@ class _Start:
                         detail="out of memory in the sandbox's cgroup",
                     ),
                 )
-            self.cgroup.remove()
+            # Reaping what is left is the container layer's job (a PID namespace);
+            # with it off, processes outlive the run as they would without a cgroup.
+            self.cgroup.remove(kill=self.contain)
