@@ -86,12 +86,38 @@ def detect() -> CgroupSupport | None:
     return None
 
 
+def cgroup_name(run_id: str) -> str:
+    """The cgroup name of a run: it carries the pid of the stockade process that owns it."""
+    return f"stockade-{os.getpid()}-{run_id}"
+
+
+def _owner_alive(name: str) -> bool:
+    parts = name.split("-")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _sweep(support: CgroupSupport) -> None:
-    """Remove cgroups that earlier runs left behind when killed (only empty ones go)."""
+    """Remove cgroups that runs killed mid-way left behind.
+
+    Only a cgroup whose owning stockade process is gone is touched (a concurrent run's
+    fresh, still empty cgroup must survive), and only an empty one can be removed.
+    """
     for base in set(support.parents.values()):
         with contextlib.suppress(OSError):
             for entry in os.scandir(base):
-                if entry.name.startswith("stockade-") and entry.is_dir(follow_symlinks=False):
+                if (
+                    entry.name.startswith("stockade-")
+                    and entry.is_dir(follow_symlinks=False)
+                    and not _owner_alive(entry.name)
+                ):
                     with contextlib.suppress(OSError):
                         os.rmdir(entry.path)
 

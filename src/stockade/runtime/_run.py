@@ -695,7 +695,7 @@ def _make_cgroup(policy: Policy, audit: AuditLog) -> Any:
     try:
         return limits.Cgroup.create(
             support,
-            f"stockade-{audit.run_id}",
+            limits.cgroup_name(audit.run_id),
             pids=policy.limits.pids,
             memory=policy.limits.memory,
         )
@@ -743,7 +743,13 @@ class _Start:
             pid = read_child_pid(self.info_r)
             self.info_r = -1
             if self.cgroup is not None:
-                self.cgroup.add(pid)
+                try:
+                    self.cgroup.add(pid)
+                except OSError as exc:
+                    raise SandboxError(
+                        f"cannot move the sandbox into its cgroup ({exc.strerror}); "
+                        "the command did not run"
+                    ) from exc
             if self.proxy is not None:
                 self.proxy.attach(pid)
         except BaseException:
