@@ -6,8 +6,6 @@ lives inside this package) stays cheap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from stockade._exceptions import (
     Denied,
     PolicyError,
@@ -18,7 +16,11 @@ from stockade._exceptions import (
 )
 from stockade._version import __version__
 
+# typing costs ~5 ms to import; it is only needed by type checkers here.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from stockade.api import CompletedRun, Sandbox, run
     from stockade.policy import Policy
 

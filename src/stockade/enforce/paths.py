@@ -165,11 +165,11 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
         out[:] = [p for p in out if not _is_within(p, path)]
         out.append(path)
 
-    for entry in env_path.split(os.pathsep):
-        if not entry or not os.path.isabs(entry):
+    for spelled in env_path.split(os.pathsep):
+        if not spelled or not os.path.isabs(spelled):
             continue  # a relative PATH entry would resolve inside the sandbox anyway
         try:
-            real = Path(entry).resolve()
+            real = Path(spelled).resolve()
             if not real.is_dir():
                 continue
         except (OSError, RuntimeError):
@@ -188,21 +188,17 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
         # Entries of a PATH directory under HOME may be symlinks into a tool's own
         # installation (pipx: ~/.local/bin/x -> ~/.local/pipx/venvs/x/bin/x).
         try:
-            names = os.listdir(real)
+            entries = list(os.scandir(real))
         except OSError:
-            names = []
-        for name in names:
-            link = real / name
+            entries = []
+        for entry in entries:
             try:
-                if not link.is_symlink():
+                if not entry.is_symlink():  # from the directory entry: no stat
                     continue
-            except OSError:
-                continue
-            try:
-                target = link.resolve()
+                target = Path(os.path.realpath(entry.path))
                 if not target.exists() or not _is_within(target, home):
                     continue
-            except (OSError, RuntimeError):
+            except OSError:
                 continue
             add(target.parent.parent if target.parent.name == "bin" else target)
     return tuple(out)
@@ -256,6 +252,18 @@ class Protection:
     created: tuple[Path, ...]
 
 
+def _expand(root: Path, pattern: str) -> list[Path]:
+    """Existing paths matching ``pattern`` under ``root``; literal patterns need no glob."""
+    if not any(c in pattern for c in "*?["):
+        path = root / pattern
+        return [path] if os.path.lexists(path) else []
+    # Only glob below the literal prefix, and only when it exists (.git/modules is rare).
+    prefix = pattern.split("*", 1)[0].rsplit("/", 1)[0]
+    if prefix and not os.path.isdir(root / prefix):
+        return []
+    return [Path(hit) for hit in sorted(glob.glob(str(root / pattern), include_hidden=True))]
+
+
 def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
     """List and prepare the protected paths of ``workspace``.
 
@@ -272,8 +280,7 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
         # A .git file redirects git to another directory (worktrees, submodules).
         patterns.append(".git")
     for pattern in patterns:
-        for hit in sorted(glob.glob(str(workspace / pattern), include_hidden=True)):
-            path = Path(hit)
+        for path in _expand(workspace, pattern):
             if path.is_symlink():
                 # The bind follows the link; protect what git would follow, too.
                 real = path.resolve()

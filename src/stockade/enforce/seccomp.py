@@ -73,6 +73,7 @@ policy rather than at a missing kernel feature; ``clone3`` is the exception abov
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 
@@ -293,9 +294,7 @@ _PTRACE_FAMILY = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getf
 
 def native_arch() -> str:
     """Return this machine's architecture name as used in :data:`ARCHES`."""
-    import platform  # only needed when no arch is given
-
-    machine = platform.machine()
+    machine = os.uname().machine  # platform.machine() would cost an import of platform
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 

@@ -11,9 +11,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from stockade._record import asdict, field, fields, record
+
+# typing costs ~5 ms to import; it is only needed by type checkers here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The switchable layers, in the order they are described and reported.
 LAYERS: tuple[str, ...] = (

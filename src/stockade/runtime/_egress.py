@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from stockade._exceptions import SandboxError
 from stockade.audit import AuditLog
 from stockade.egress import EgressProxy, EgressRules, listener_in_netns, proxy_environment
 from stockade.policy import Policy
@@ -155,28 +152,3 @@ class RunProxy:
         if self.loop.is_running():
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5.0)
-
-
-def read_child_pid(info_fd: int) -> int:
-    """Read bubblewrap's ``--info-fd`` document and return the sandbox's pid.
-
-    Reads until the JSON object is complete rather than until end of file, so that a
-    copy of the fd held elsewhere cannot stall the start.
-    """
-    buf = b""
-    info: Any = None
-    try:
-        while True:
-            chunk = os.read(info_fd, 4096)
-            if not chunk:
-                break
-            buf += chunk
-            with contextlib.suppress(json.JSONDecodeError):
-                info = json.loads(buf)
-                break
-    finally:
-        os.close(info_fd)
-    pid = info.get("child-pid") if isinstance(info, dict) else None
-    if not isinstance(pid, int):
-        raise SandboxError("bubblewrap did not report the sandbox's pid on --info-fd")
-    return pid
