@@ -147,8 +147,34 @@ def _toolchain_root(path: Path) -> Path | None:
     return None
 
 
+_TOOLCHAIN_CACHE: dict[tuple[object, ...], tuple[Path, ...]] = {}
+
+
 def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> tuple[Path, ...]:
     """Read-only binds that keep the caller's PATH tools working inside the sandbox.
+
+    Cached per process, keyed on the PATH, the deny list and the modification times of
+    the PATH directories (adding or removing a link changes them), so that the runs of a
+    warm :class:`~stockade.Sandbox` do not scan the same directories again.
+    """
+    denied = tuple(denied)
+    stamps = []
+    for spelled in env_path.split(os.pathsep):
+        try:
+            stamps.append(os.stat(spelled).st_mtime_ns if os.path.isabs(spelled) else 0)
+        except OSError:
+            stamps.append(-1)
+    key = (env_path, home, denied, tuple(stamps))
+    cached = _TOOLCHAIN_CACHE.get(key)
+    if cached is None:
+        if len(_TOOLCHAIN_CACHE) > 32:
+            _TOOLCHAIN_CACHE.clear()
+        cached = _TOOLCHAIN_CACHE[key] = _scan_toolchains(env_path, home, denied)
+    return cached
+
+
+def _scan_toolchains(env_path: str, home: Path, denied: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The uncached work of :func:`toolchain_paths`.
 
     Only directories under ``home`` (the rest of HOME is a fresh tmpfs) or outside the
     system paths are returned; a directory that is or holds a secret location is never
@@ -191,11 +217,15 @@ def toolchain_paths(env_path: str, home: Path, denied: Iterable[Path] = ()) -> t
             entries = list(os.scandir(real))
         except OSError:
             entries = []
+        home_prefix = str(home) + "/"
         for entry in entries:
             try:
                 if not entry.is_symlink():  # from the directory entry: no stat
                     continue
-                target = Path(os.path.realpath(entry.path))
+                real_target = os.path.realpath(entry.path)
+                if not real_target.startswith(home_prefix):
+                    continue
+                target = Path(real_target)
                 if not target.exists() or not _is_within(target, home):
                     continue
             except OSError:

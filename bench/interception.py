@@ -13,7 +13,7 @@ mitmproxy 11.0.2 (the last release for Python 3.11), installed by this script in
 own venv, intercepting the same way (``mitmdump``, upstream verified against the test
 CA). The leaf-issue time of the CA is measured too. The last line is JSON.
 
-Run: ``.venv/bin/python bench/inspect.py [--quick]``.
+Run: ``.venv/bin/python bench/interception.py [--quick]``.
 """
 
 from __future__ import annotations
