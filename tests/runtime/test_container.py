@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -180,6 +181,13 @@ def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
     while time.monotonic() < deadline and _pids_with(marker):
         time.sleep(0.05)
     assert _pids_with(marker) == []
+    # What the killed run left (its scratch directory, the placeholders of protected
+    # paths) goes with the next run.
+    assert list(Path(tempfile.gettempdir()).glob(f"stockade-{p.pid}-*"))
+    assert (world.workspace / ".vscode").is_dir()
+    assert run(world, "true").returncode == 0
+    assert not list(Path(tempfile.gettempdir()).glob(f"stockade-{p.pid}-*"))
+    assert sorted(os.listdir(world.workspace)) == ["README"]
 
 
 @pytest.mark.parametrize("code", [0, 1, 3, 42])

@@ -132,9 +132,43 @@ def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> 
     return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
 
 
+PLACEHOLDER_MANIFEST = "placeholders"
+
+
+def _sweep_leftovers() -> None:
+    """Remove scratch directories (and their placeholders) of stockade processes gone."""
+    base = Path(tempfile.gettempdir())
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith("stockade-")]
+    except OSError:
+        return
+    for entry in entries:
+        parts = entry.name.split("-")
+        if len(parts) != 3 or not parts[1].isdigit() or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its owner still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # another user's
+        manifest = Path(entry.path) / PLACEHOLDER_MANIFEST
+        with contextlib.suppress(OSError):
+            paths.remove_placeholders(Path(line) for line in manifest.read_text().splitlines())
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _scratch() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="stockade-"))
+    """A private scratch directory for one run, named after this process.
+
+    What a run killed with SIGKILL leaves behind (this directory, and the protected-path
+    placeholders listed in its manifest) is removed by the next run, once the process
+    named in it is gone.
+    """
+    _sweep_leftovers()
+    path = Path(tempfile.mkdtemp(prefix=f"stockade-{os.getpid()}-"))
     try:
         yield path
     finally:
@@ -241,6 +275,10 @@ def _execute(
             )
             if layers.container:
                 protection = paths.protect_paths(workspace, fs.protect)
+                if protection.created:
+                    (scratch / PLACEHOLDER_MANIFEST).write_text(
+                        "".join(f"{p}\n" for p in protection.created)
+                    )
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace,
                     home=home,
