@@ -59,7 +59,6 @@ def test_targets_normalised_once(raw: bytes, path: str, query: str) -> None:
         b"/./a",
         b"/%2e%2e/a",
         b"/%2E/a",
-        b"/a%2fb",
         b"/a%5cb",
         b"/a\\b",
         b"/a%00",
@@ -89,6 +88,19 @@ def test_absolute_form_for_another_host_is_a_host_mismatch() -> None:
 
 
 # -- rules ----------------------------------------------------------------------------------
+
+
+def test_encoded_slash_is_kept_with_its_decoded_reading() -> None:
+    # npm asks for scoped packages as /@scope%2fname: kept encoded, forwarded as sent.
+    target = normalise_target(b"/@scope%2fname", "registry.test", 443)
+    assert target.path == "/@scope%2Fname"
+    assert target.slash_decoded == "/@scope/name"
+    assert target.forwarded == b"/@scope%2Fname"
+    assert normalise_target(b"/plain", "registry.test", 443).slash_decoded is None
+    # Either reading with a dot or empty segment is still refused.
+    for raw in (b"/a%2f..%2fetc", b"/a%2f%2fb", b"/a/%2f"):
+        with pytest.raises(Refusal):
+            normalise_target(raw, "registry.test", 443)
 
 
 def _rules(*specs: tuple[str, tuple[str, ...], tuple[str, ...], str]) -> RuleSet:
@@ -346,3 +358,30 @@ def test_trust_bundle_and_environment(tmp_path: Path) -> None:
         "AWS_CA_BUNDLE",
     }
     assert set(env.values()) == {"/run/stockade/ca.pem"}
+
+
+def test_encoded_slash_refused_only_when_it_changes_the_rule() -> None:
+    from stockade.egress.inspect import Inspector, RequestRecord
+    from stockade.policy import parse_policy_text
+
+    policy = parse_policy_text(
+        '[network]\nallow = ["registry.test"]\n'
+        '[[network.rules]]\nhost = "registry.test"\nmethods = ["GET"]\npaths = ["/pkgs/*"]\naction = "allow"\n'
+        '[[network.rules]]\nhost = "registry.test"\nmethods = ["GET"]\npaths = ["/**"]\naction = "report"\n'
+    )
+    inspector = Inspector.from_policy(policy, environ={})
+    headers = [(b"host", b"registry.test")]
+
+    def head(target: bytes) -> str:
+        record = RequestRecord(method="GET", host="registry.test", port=443)
+        inspector.head(record, "registry.test", target, headers)
+        return record.rule
+
+    # The same rule decides either reading, so it passes (npm's scoped names under /**).
+    assert head(b"/@scope%2fname") == head(b"/plain") == "network.rules[1]"
+    # "/pkgs/a%2Fb" is one segment to the rules but two to a server that decodes it:
+    # the second rule would apply instead, so the request is refused as ambiguous.
+    assert head(b"/pkgs/ab") == "network.rules[0]"
+    with pytest.raises(Refusal) as info:
+        head(b"/pkgs/a%2fb")
+    assert info.value.reason == Reason.AMBIGUOUS_PATH

@@ -330,7 +330,7 @@ def test_host_must_agree_on_every_request_of_a_tunnel(tmp_path: Path) -> None:
         b"/a/../admin",
         b"/a/./b",
         b"/%2e%2e/admin",
-        b"/a%2fb",
+        b"/a%2f..%2fadmin",
         b"/a%5Cb",
         b"/a\\b",
         b"/a%00b",

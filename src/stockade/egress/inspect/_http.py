@@ -30,7 +30,10 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 # Encoded bytes that change how a server splits or reads the path: dot, slash,
 # backslash, NUL and other controls, DEL.
-_AMBIGUOUS_ENCODED = frozenset([0x2E, 0x2F, 0x5C, 0x7F, *range(0x20)])
+_AMBIGUOUS_ENCODED = frozenset([0x2E, 0x5C, 0x7F, *range(0x20)])
+#: An encoded slash is kept encoded (npm names scoped packages ``/@scope%2Fname``); the
+#: inspector then refuses it only when reading it as "/" would change the rules' decision.
+_SLASH = 0x2F
 
 #: headers that describe one hop and are never forwarded
 HOP_BY_HOP = frozenset(
@@ -49,13 +52,19 @@ HOP_BY_HOP = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
 class Refusal(Exception):
-    """A request refused before it goes anywhere: HTTP ``status`` and ``reason``."""
+    """A request refused before it goes anywhere: HTTP ``status`` and ``reason``.
 
-    status: int
-    reason: Reason
-    detail: str
+    A plain exception class, not a frozen dataclass: Python sets ``__traceback__`` on
+    exceptions as they propagate (through ``contextlib`` managers, for one), which a
+    frozen dataclass refuses.
+    """
+
+    def __init__(self, status: int, reason: Reason, detail: str) -> None:
+        super().__init__(status, reason, detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
 
     def __str__(self) -> str:
         return f"{self.status} {self.reason}: {self.detail}"
@@ -67,6 +76,14 @@ class Target:
 
     path: str
     query: str
+
+    @property
+    def slash_decoded(self) -> str | None:
+        """The path with each ``%2F`` read as ``/``: the other way a server may route it.
+
+        None when the path has no encoded slash. Rules must decide the same on both.
+        """
+        return self.path.replace("%2F", "/") if "%2F" in self.path else None
 
     @property
     def forwarded(self) -> bytes:
@@ -169,6 +186,10 @@ def _normalise_path(path: str) -> str:
             if len(pair) != 2 or not all(c in _HEX for c in pair):
                 raise _ambiguous("malformed percent-encoding")
             value = int(pair, 16)
+            if value == _SLASH:
+                out += b"%2F"
+                i += 3
+                continue
             if value in _AMBIGUOUS_ENCODED:
                 raise _ambiguous(f"encoded %{value:02X} in the path")
             if value in _UNRESERVED:
@@ -179,13 +200,16 @@ def _normalise_path(path: str) -> str:
             continue
         out.append(b)
         i += 1
-    segments = out.decode("ascii").split("/")
-    for index, segment in enumerate(segments[1:], start=1):
-        if segment in (".", ".."):
-            raise _ambiguous("dot segment in the path")
-        if segment == "" and index != len(segments) - 1:
-            raise _ambiguous("empty path segment (//)")
-    return out.decode("ascii")
+    text = out.decode("ascii")
+    # Both readings of an encoded slash must be free of dot and empty segments.
+    for reading in {text, text.replace("%2F", "/")}:
+        segments = reading.split("/")
+        for index, segment in enumerate(segments[1:], start=1):
+            if segment in (".", ".."):
+                raise _ambiguous("dot segment in the path")
+            if segment == "" and index != len(segments) - 1:
+                raise _ambiguous("empty path segment (//)")
+    return text
 
 
 def header_values(headers: Headers, name: bytes) -> list[bytes]:

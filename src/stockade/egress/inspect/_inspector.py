@@ -199,6 +199,15 @@ class Inspector:
             raise Refusal(405, Reason.BAD_REQUEST, f"{method} is not forwarded")
         # 3. rules
         decision = self.rules.decide(host, port, method, norm.path)
+        decoded = norm.slash_decoded
+        if decoded is not None:
+            other = self.rules.decide(host, port, method, decoded)
+            if (other.allowed, other.rule) != (decision.allowed, decision.rule):
+                raise Refusal(
+                    400,
+                    Reason.AMBIGUOUS_PATH,
+                    "an encoded slash (%2F) would change which rule applies",
+                )
         record.rule = decision.rule
         if not decision.allowed:
             raise Refusal(403, decision.reason, decision.detail)
