@@ -22,35 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stockade._record import field, record
-
-#: Directories bound read-only as "the system". Everything else on the host is invisible.
-SYSTEM_PATHS: tuple[str, ...] = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc",
-    "/opt",
-    # glibc's get_nprocs() and nproc read these; nothing else of /sys is exposed.
-    "/sys/devices/system/cpu",
-)
-
-#: System files that hold secrets of the host (readable by root outside).
-SYSTEM_SECRETS: tuple[str, ...] = (
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/ssh/ssh_host_rsa_key",
-    "/etc/ssh/ssh_host_ecdsa_key",
-    "/etc/ssh/ssh_host_ed25519_key",
-    "/etc/ssl/private",
-)
+from stockade.policy._tables import SYSTEM_PATHS, SYSTEM_SECRETS
 
 #: Where stockade's own files (launcher, CA bundle) appear inside the sandbox.
 STOCKADE_DIR = "/run/stockade"

@@ -20,19 +20,8 @@ from collections.abc import Mapping
 from stockade._record import record
 from stockade.policy import EnvPolicy
 from stockade.policy._credentials import looks_like_credential
+from stockade.policy._tables import BASE_ENV_NAMES
 
-#: Names always taken from the caller when set.
-BASE_NAMES: tuple[str, ...] = (
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "TERM",
-    "TZ",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "COLORTERM",
-)
 _LC = re.compile(r"^LC_[A-Z]+$")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
@@ -66,7 +55,7 @@ def build_environment(
         withheld: list[str] = []
     else:
         env = {}
-        for name in BASE_NAMES:
+        for name in BASE_ENV_NAMES:
             if name in caller:
                 env[name] = caller[name]
         for name, value in caller.items():

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from stockade._record import record
+from stockade.policy._tables import DEFAULT_PROTECTED
 
 #: Locations under HOME that hold credentials; never bound into the sandbox, even when a
 #: PATH entry points into them.
@@ -84,29 +85,6 @@ TOOLCHAIN_ROOTS: tuple[str, ...] = (
     ".poetry",
 )
 
-#: Paths inside the workspace that run code later on the host, so they stay read-only
-#: even though the workspace is writable (DESIGN §4 rule 9; attacks WRT-02/03/05/06).
-DEFAULT_PROTECTED: tuple[str, ...] = (
-    ".git/hooks",
-    ".git/config",
-    ".git/config.worktree",
-    ".git/commondir",
-    ".git/modules/*/hooks",
-    ".git/modules/*/config",
-    ".git/worktrees/*/gitdir",
-    ".git/worktrees/*/commondir",
-    ".git/worktrees/*/config.worktree",
-    ".gitmodules",
-    ".claude",
-    ".mcp.json",
-    ".cursor",
-    ".vscode",
-    ".idea",
-    ".husky",
-    ".envrc",
-    ".devcontainer",
-    "stockade.toml",
-)
 
 #: Protected names that get a placeholder when missing, so they cannot be created inside.
 #: (A glob or a path under .git is only protected where it exists; .git itself is

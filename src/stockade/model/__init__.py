@@ -54,12 +54,12 @@ from stockade.model._evaluate import evaluate as evaluate
 from stockade.model._evaluate import exercised_layers as exercised_layers
 from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
-from stockade.model._layers import SYSTEM_PATHS as SYSTEM_PATHS
 from stockade.model._layers import Boundary as Boundary
 from stockade.model._layers import host_public as host_public
 from stockade.model._layers import parse_host_entry as parse_host_entry
 from stockade.model._rules import RuleHost as RuleHost
 from stockade.model._rules import Rules as Rules
+from stockade.policy._tables import SYSTEM_PATHS as SYSTEM_PATHS
 
 __all__ = [
     "BLOCKED_SYSCALLS",

@@ -26,73 +26,8 @@ from stockade.model._actions import Action, Credential, Kind, Route
 from stockade.model._rules import RuleHost, Rules
 from stockade.policy import LAYERS, Policy, Reason
 from stockade.policy._credentials import looks_like_credential
+from stockade.policy._tables import BASE_ENV_NAMES, DEFAULT_PROTECTED, SYSTEM_PATHS, SYSTEM_SECRETS
 
-# The tables below repeat what the enforcement modules hard-code (the model may import
-# only ``stockade.policy``); tests/model compares each with its source so they cannot drift.
-
-#: enforce.bubblewrap.SYSTEM_PATHS: bound read-only by the container, readable under Landlock
-SYSTEM_PATHS: tuple[str, ...] = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc",
-    "/opt",
-    "/sys/devices/system/cpu",
-)
-
-#: enforce.bubblewrap.SYSTEM_SECRETS: masked (empty) inside the container
-SYSTEM_SECRETS: tuple[str, ...] = (
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-    "/etc/ssh/ssh_host_rsa_key",
-    "/etc/ssh/ssh_host_ecdsa_key",
-    "/etc/ssh/ssh_host_ed25519_key",
-    "/etc/ssl/private",
-)
-
-#: enforce.paths.DEFAULT_PROTECTED: read-only inside the writable workspace
-DEFAULT_PROTECTED: tuple[str, ...] = (
-    ".git/hooks",
-    ".git/config",
-    ".git/config.worktree",
-    ".git/commondir",
-    ".git/modules/*/hooks",
-    ".git/modules/*/config",
-    ".git/worktrees/*/gitdir",
-    ".git/worktrees/*/commondir",
-    ".git/worktrees/*/config.worktree",
-    ".gitmodules",
-    ".claude",
-    ".mcp.json",
-    ".cursor",
-    ".vscode",
-    ".idea",
-    ".husky",
-    ".envrc",
-    ".devcontainer",
-    "stockade.toml",
-)
-
-#: enforce.environment.BASE_NAMES: always passed from the caller when set
-BASE_ENV_NAMES: tuple[str, ...] = (
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "TERM",
-    "TZ",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "COLORTERM",
-)
 _LC = re.compile(r"^LC_[A-Z]+$")
 
 #: Kernel facilities the seccomp filter refuses (DESIGN §2, ``syscalls``).

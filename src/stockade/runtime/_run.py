@@ -33,6 +33,7 @@ from stockade._record import field, record, replace
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason
+from stockade.policy._tables import SYSTEM_PATHS
 from stockade.runtime import _host
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -446,7 +447,7 @@ def _launcher(
 
     layers = policy.layers
     fs = policy.filesystem
-    system = [p for p in bubblewrap.SYSTEM_PATHS if os.path.exists(p)]
+    system = [p for p in SYSTEM_PATHS if os.path.exists(p)]
     if plan.isolate:
         # Inside the container: the binds are the world; Landlock re-checks them on
         # the real inodes, so a mistake in the binds is not an escape.

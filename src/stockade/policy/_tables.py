@@ -1,0 +1,75 @@
+"""Tables that enforcement and the model share, so that they cannot drift apart.
+
+The container binds :data:`SYSTEM_PATHS` and masks :data:`SYSTEM_SECRETS`; the files layer
+grants the same system paths; the protected paths stay read-only inside the workspace;
+the secrets layer always passes :data:`BASE_ENV_NAMES`. The model (``stockade.model``)
+judges actions against the very same values.
+"""
+
+from __future__ import annotations
+
+#: Directories bound read-only as "the system". Everything else on the host is invisible.
+SYSTEM_PATHS: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    # glibc's get_nprocs() and nproc read these; nothing else of /sys is exposed.
+    "/sys/devices/system/cpu",
+)
+
+#: System files that hold secrets of the host (readable by root outside): masked inside.
+SYSTEM_SECRETS: tuple[str, ...] = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssl/private",
+)
+
+#: Paths inside the workspace that run code later on the host, so they stay read-only
+#: even though the workspace is writable (DESIGN §4 rule 9; attacks WRT-02/03/05/06).
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    ".git/hooks",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/commondir",
+    ".git/modules/*/hooks",
+    ".git/modules/*/config",
+    ".git/worktrees/*/gitdir",
+    ".git/worktrees/*/commondir",
+    ".git/worktrees/*/config.worktree",
+    ".gitmodules",
+    ".claude",
+    ".mcp.json",
+    ".cursor",
+    ".vscode",
+    ".idea",
+    ".husky",
+    ".envrc",
+    ".devcontainer",
+    "stockade.toml",
+)
+
+#: Environment variables always taken from the caller when set.
+BASE_ENV_NAMES: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "COLORTERM",
+)
