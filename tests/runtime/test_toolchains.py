@@ -1,0 +1,334 @@
+"""Real clients through ``stockade run`` with every layer on: pip, npm, git, curl, urllib,
+requests and Node, each against a server this test starts on 127.0.0.1.
+
+Names under ``.test`` (and ``pypi.org`` for the preset test) are pinned to 127.0.0.1 with
+``network.hosts``; the sandbox has no route of its own, so every request below goes
+through the stockade proxy or nowhere. Each "blocked" test has its "allowed" twin: the
+same client and server, a host that is not on the allow-list, and a ``host-not-allowed``
+denial in the audit log while the server sees nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import re
+import shutil
+import ssl
+import subprocess
+import threading
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.conftest import World
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+PKG = "stockadetiny"
+MESSAGE = "hello from stockadetiny"
+
+
+# --- a static server on 127.0.0.1 ---------------------------------------------------------
+
+
+@dataclass
+class Site:
+    """A threading HTTP(S) server answering GET/HEAD from ``files``; it records requests."""
+
+    port: int
+    files: dict[str, bytes]
+    seen: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.seen.clear()
+
+
+@dataclass
+class Served:
+    start: Callable[..., Site]
+    ca: trustme.CA
+    ca_path: Path
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Served]:
+    """``serve.start(files, tls=False)`` starts a server; all are stopped at the end."""
+    ca = trustme.CA()
+    ca_path = tmp_path / "test-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(files: dict[str, bytes] | None = None, *, tls: bool = False) -> Site:
+        site = Site(0, dict(files or {}))
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self, body: bool) -> None:
+                site.seen.append(f"{self.command} {self.path}")
+                path = self.path.split("?", 1)[0]
+                data = site.files.get(path)
+                if data is None:
+                    self.send_response(404)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                kind = "application/json" if path.count("/") == 1 else "application/octet-stream"
+                if path.endswith("/"):
+                    kind = "text/html"
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._answer(True)
+
+            def do_HEAD(self) -> None:
+                self._answer(False)
+
+            def _refuse(self) -> None:
+                site.seen.append(f"{self.command} {self.path}")
+                self.send_response(405)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            do_POST = do_PUT = do_PROPFIND = do_MKCOL = do_DELETE = _refuse
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ca.issue_cert(
+                "index.test", "registry.test", "web.test", "evil.test", "pypi.org"
+            ).configure_cert(ctx)
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        site.port = server.server_address[1]
+        return site
+
+    try:
+        yield Served(start, ca, ca_path)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+PINS = ("index.test", "registry.test", "git.test", "web.test", "evil.test")
+
+
+def write_policy(world: World, allow: list[str], network: str = "", tail: str = "") -> Path:
+    """A policy allowing ``allow``; every name of PINS is pinned to 127.0.0.1."""
+    pins = ", ".join(f'"{h}" = "127.0.0.1"' for h in PINS)
+    path = world.root / "policy.toml"
+    path.write_text(
+        f"version = 1\n[network]\nallow = {json.dumps(allow)}\nhosts = {{ {pins} }}\n"
+        f"{network}\n{tail}\n"
+    )
+    return path
+
+
+@dataclass
+class Ran:
+    proc: subprocess.CompletedProcess[str]
+    events: list[dict[str, Any]]
+
+    @property
+    def out(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    def denials(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["verdict"] == "deny" and e["reason"] == reason]
+
+    def requests(self, host: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "net_request" and e.get("host") == host]
+
+    def connects(self, host: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "net_connect" and e.get("host") == host]
+
+
+def run(world: World, policy: Path, script: str, *, timeout: float = 120) -> Ran:
+    """``sh -c script`` in the sandbox with all layers on; the audit log parsed."""
+    audit = world.root / "audit.jsonl"
+    audit.unlink(missing_ok=True)
+    proc = world.stockade(
+        "run",
+        "--policy",
+        str(policy),
+        "--audit",
+        str(audit),
+        "--",
+        "sh",
+        "-c",
+        script,
+        timeout=timeout,
+    )
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    start = events[0]
+    assert start["event"] == "run_start"
+    assert start["layers"] == [
+        "files",
+        "container",
+        "syscalls",
+        "secrets",
+        "egress",
+        "inspect",
+        "limits",
+    ]
+    return Ran(proc, events)
+
+
+# --- 1. pip from a PEP 503 index -----------------------------------------------------------
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def tiny_wheel() -> tuple[str, bytes]:
+    """A pure-Python wheel written by hand: ``stockadetiny`` 1.0 with a MESSAGE."""
+    name = f"{PKG}-1.0-py3-none-any.whl"
+    info = f"{PKG}-1.0.dist-info"
+    files = {
+        f"{PKG}/__init__.py": f"MESSAGE = {MESSAGE!r}\n".encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {PKG}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: stockade-tests\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
+    }
+    record = "".join(
+        f"{path},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}\n"
+        for path, data in files.items()
+    )
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return name, buf.getvalue()
+
+
+def simple_index() -> dict[str, bytes]:
+    """The PEP 503 pages (root and project) and the wheel they link to."""
+    wheel_name, wheel = tiny_wheel()
+    digest = hashlib.sha256(wheel).hexdigest()
+    page = (
+        f'<!DOCTYPE html><html><body><a href="/files/{wheel_name}#sha256={digest}">'
+        f"{wheel_name}</a></body></html>"
+    )
+    return {
+        "/simple/": f'<html><body><a href="/simple/{PKG}/">{PKG}</a></body></html>'.encode(),
+        f"/simple/{PKG}/": page.encode(),
+        f"/files/{wheel_name}": wheel,
+    }
+
+
+# ensurepip takes ~9 s here (inside the sandbox or not); the interpreter's own pip
+# installing into a bare venv (pip --python) exercises the same download and install.
+# The interpreter is called by its real path: a pyenv shim's rehash after `pip install`
+# fails on the read-only shims directory and would turn a good install into exit 1.
+PIP = (
+    "PY=$(python3 -c 'import sys; print(sys.executable)') && "
+    "$PY -m venv --without-pip venv && "
+    "$PY -m pip --python venv/bin/python install -q --disable-pip-version-check "
+    "--no-cache-dir --retries 0 --timeout 10 {args} {pkg}"
+)
+IMPORT = f"venv/bin/python -c 'import {PKG}; print({PKG}.MESSAGE)'"
+
+
+@pytest.mark.slow
+def test_pip_installs_from_an_allowed_index_over_http(world: World, serve: Served) -> None:
+    site = serve.start(simple_index())
+    policy = write_policy(world, ["index.test"])
+    index = f"http://index.test:{site.port}/simple/"
+    r = run(
+        world,
+        policy,
+        PIP.format(args=f"--index-url {index} --trusted-host index.test", pkg=PKG)
+        + " && "
+        + IMPORT,
+    )
+    assert r.proc.returncode == 0, r.out
+    assert MESSAGE in r.proc.stdout
+    assert f"GET /simple/{PKG}/" in site.seen
+    assert any(s.startswith("GET /files/") for s in site.seen)
+    paths = {e["path"] for e in r.requests("index.test") if e["verdict"] == "allow"}
+    assert f"/simple/{PKG}/" in paths
+    assert not r.denials("host-not-allowed")
+
+
+@pytest.mark.slow
+def test_pip_install_from_a_host_not_allowed_fails(world: World, serve: Served) -> None:
+    site = serve.start(simple_index())
+    policy = write_policy(world, ["index.test"])
+    index = f"http://evil.test:{site.port}/simple/"
+    r = run(
+        world,
+        policy,
+        PIP.format(args=f"--index-url {index} --trusted-host evil.test", pkg=PKG)
+        + "; echo pip-exit=$?; "
+        + IMPORT,
+    )
+    assert r.proc.returncode != 0
+    assert re.search(r"pip-exit=[1-9]", r.proc.stdout), r.out
+    assert MESSAGE not in r.proc.stdout
+    assert site.seen == []
+    denied = r.denials("host-not-allowed")
+    assert denied, r.events
+    assert all(e["host"] == "evil.test" for e in denied)
+    assert any(e.get("path") == f"/simple/{PKG}/" for e in denied)
+
+
+@pytest.mark.slow
+def test_pip_installs_over_https_trusting_a_ca_in_the_workspace(
+    world: World, serve: Served
+) -> None:
+    # No request rules for index.test, so the proxy tunnels (no interception) and pip
+    # verifies the server itself, against the CA file passed with --cert.
+    site = serve.start(simple_index(), tls=True)
+    shutil.copy(serve.ca_path, world.workspace / "ca.pem")
+    policy = write_policy(world, ["index.test"], f"tls_ports = [443, {site.port}]")
+    ok = run(
+        world,
+        policy,
+        PIP.format(
+            args=f"--cert ca.pem --index-url https://index.test:{site.port}/simple/", pkg=PKG
+        )
+        + " && "
+        + IMPORT,
+    )
+    assert ok.proc.returncode == 0, ok.out
+    assert MESSAGE in ok.proc.stdout
+    tunnel = [e for e in ok.connects("index.test") if e["verdict"] == "allow"]
+    assert tunnel, ok.events
+    assert f"GET /simple/{PKG}/" in site.seen
+
+    site.reset()
+    shutil.rmtree(world.workspace / "venv")
+    blocked = run(
+        world,
+        policy,
+        PIP.format(args=f"--cert ca.pem --index-url https://evil.test:{site.port}/simple/", pkg=PKG)
+        + "; echo pip-exit=$?; "
+        + IMPORT,
+    )
+    assert blocked.proc.returncode != 0
+    assert re.search(r"pip-exit=[1-9]", blocked.proc.stdout), blocked.out
+    assert site.seen == []
+    assert any(e["host"] == "evil.test" for e in blocked.denials("host-not-allowed"))
