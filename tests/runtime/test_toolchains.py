@@ -19,6 +19,7 @@ import re
 import shutil
 import ssl
 import subprocess
+import tarfile
 import threading
 import zipfile
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 import trustme
 
-from tests.conftest import World
+from tests.conftest import World, require
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -332,3 +333,167 @@ def test_pip_installs_over_https_trusting_a_ca_in_the_workspace(
     assert re.search(r"pip-exit=[1-9]", blocked.proc.stdout), blocked.out
     assert site.seen == []
     assert any(e["host"] == "evil.test" for e in blocked.denials("host-not-allowed"))
+
+
+# --- 2. npm from a static registry ---------------------------------------------------------
+
+
+def npm_registry(site: Site, host: str) -> None:
+    """Put the packument of ``stockadetiny`` and its tarball on ``site``."""
+    files = {
+        "package/package.json": json.dumps(
+            {"name": PKG, "version": "1.0.0", "main": "index.js"}
+        ).encode(),
+        "package/index.js": f"module.exports = {json.dumps(MESSAGE)};\n".encode(),
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tgz = buf.getvalue()
+    tarball = f"/{PKG}/-/{PKG}-1.0.0.tgz"
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()
+    packument = {
+        "name": PKG,
+        "dist-tags": {"latest": "1.0.0"},
+        "versions": {
+            "1.0.0": {
+                "name": PKG,
+                "version": "1.0.0",
+                "main": "index.js",
+                "dist": {
+                    "tarball": f"http://{host}:{site.port}{tarball}",
+                    "shasum": hashlib.sha1(tgz).hexdigest(),
+                    "integrity": integrity,
+                },
+            }
+        },
+    }
+    site.files[f"/{PKG}"] = json.dumps(packument).encode()
+    site.files[tarball] = tgz
+
+
+NPM = (
+    "npm install --registry http://{host}:{port}/ --cache ./.npm-cache --no-audit --no-fund "
+    "--no-update-notifier --fetch-retries 0 --fetch-timeout 10000 --loglevel error {pkg}"
+)
+REQUIRE = f"node -e \"console.log(require('{PKG}'))\""
+
+
+@pytest.mark.slow
+def test_npm_installs_from_an_allowed_registry(world: World, serve: Served) -> None:
+    require(shutil.which("npm") is not None, "npm is not installed")
+    site = serve.start()
+    npm_registry(site, "registry.test")
+    policy = write_policy(world, ["registry.test"])
+    r = run(
+        world, policy, NPM.format(host="registry.test", port=site.port, pkg=PKG) + " && " + REQUIRE
+    )
+    assert r.proc.returncode == 0, r.out
+    assert MESSAGE in r.proc.stdout
+    assert f"GET /{PKG}" in site.seen
+    assert f"GET /{PKG}/-/{PKG}-1.0.0.tgz" in site.seen
+    paths = {e["path"] for e in r.requests("registry.test") if e["verdict"] == "allow"}
+    assert {f"/{PKG}", f"/{PKG}/-/{PKG}-1.0.0.tgz"} <= paths
+    assert not r.denials("host-not-allowed")
+
+
+@pytest.mark.slow
+def test_npm_install_from_a_registry_not_allowed_fails(world: World, serve: Served) -> None:
+    require(shutil.which("npm") is not None, "npm is not installed")
+    site = serve.start()
+    npm_registry(site, "evil.test")
+    policy = write_policy(world, ["registry.test"])
+    r = run(
+        world,
+        policy,
+        NPM.format(host="evil.test", port=site.port, pkg=PKG) + "; echo npm-exit=$?; " + REQUIRE,
+    )
+    assert r.proc.returncode != 0
+    assert re.search(r"npm-exit=[1-9]", r.proc.stdout), r.out
+    assert MESSAGE not in r.proc.stdout
+    assert site.seen == []
+    denied = r.denials("host-not-allowed")
+    assert denied, r.events
+    assert all(e["host"] == "evil.test" for e in denied)
+
+
+# --- 3. git over dumb http -----------------------------------------------------------------
+
+GIT_ID = "-c user.name=stockade -c user.email=stockade@example.test"
+
+
+def bare_repository(root: Path) -> tuple[Path, dict[str, bytes]]:
+    """A bare repository with one commit, prepared for dumb HTTP; its files by URL path."""
+    work = root / "git-work"
+    bare = root / "git-srv" / "repo.git"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(*args: str, cwd: Path = root) -> None:
+        subprocess.run(
+            ["git", *GIT_ID.split(), *args], cwd=cwd, env=env, check=True, capture_output=True
+        )
+
+    git("init", "-q", "-b", "main", str(work))
+    (work / "hello.txt").write_text(MESSAGE + "\n")
+    git("add", "hello.txt", cwd=work)
+    git("commit", "-q", "-m", "first", cwd=work)
+    git("clone", "-q", "--bare", str(work), str(bare))
+    git("update-server-info", cwd=bare)
+    files = {
+        f"/repo.git/{p.relative_to(bare)}": p.read_bytes()
+        for p in sorted(bare.rglob("*"))
+        if p.is_file()
+    }
+    return bare, files
+
+
+def refs(bare: Path) -> str:
+    return subprocess.run(
+        ["git", "for-each-ref"], cwd=bare, capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.mark.slow
+def test_git_clones_over_http_and_cannot_push(world: World, serve: Served) -> None:
+    require(shutil.which("git") is not None, "git is not installed")
+    bare, files = bare_repository(world.root)
+    before = refs(bare)
+    site = serve.start(files)
+    policy = write_policy(world, ["git.test"])
+    url = f"http://git.test:{site.port}/repo.git"
+    script = (
+        f"git clone -q {url} clone && cat clone/hello.txt && cd clone && "
+        f"echo more >> hello.txt && git {GIT_ID} commit -qam more && "
+        "git push -q origin HEAD:main; echo push-exit=$?"
+    )
+    r = run(world, policy, script)
+    assert r.proc.returncode == 0, r.out
+    assert MESSAGE in r.proc.stdout
+    assert re.search(r"push-exit=[1-9]", r.proc.stdout), r.out
+    assert "GET /repo.git/info/refs?service=git-upload-pack" in site.seen
+    assert refs(bare) == before
+    # Dumb HTTP has no push: git tries WebDAV (PROPFIND), which the static server
+    # answers 405. The attempt went through the proxy; the repository is unchanged.
+    assert any(s.startswith("PROPFIND /repo.git/") for s in site.seen), site.seen
+    allowed = [e for e in r.requests("git.test") if e["verdict"] == "allow"]
+    assert any(e["path"] == "/repo.git/info/refs" for e in allowed), allowed
+    assert not r.denials("host-not-allowed")
+
+
+@pytest.mark.slow
+def test_git_clone_from_a_host_not_allowed_fails(world: World, serve: Served) -> None:
+    require(shutil.which("git") is not None, "git is not installed")
+    _, files = bare_repository(world.root)
+    site = serve.start(files)
+    policy = write_policy(world, ["git.test"])
+    r = run(world, policy, f"git clone -q http://evil.test:{site.port}/repo.git clone")
+    assert r.proc.returncode != 0
+    assert not (world.workspace / "clone").exists()
+    assert site.seen == []
+    denied = r.denials("host-not-allowed")
+    assert denied, r.events
+    assert all(e["host"] == "evil.test" for e in denied)
