@@ -497,3 +497,176 @@ def test_git_clone_from_a_host_not_allowed_fails(world: World, serve: Served) ->
     denied = r.denials("host-not-allowed")
     assert denied, r.events
     assert all(e["host"] == "evil.test" for e in denied)
+
+
+# --- 4. curl, urllib, requests and Node against an allowed and a refused host --------------
+
+PY_CLIENTS = r"""
+import json, ssl, sys, urllib.request, urllib.error
+host, http_port, https_port = sys.argv[1], sys.argv[2], sys.argv[3]
+urls = {"http": f"http://{host}:{http_port}/hello", "https": f"https://{host}:{https_port}/hello"}
+ctx = ssl.create_default_context(cafile="ca.pem")
+out = {}
+for scheme, url in urls.items():
+    try:
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            out["urllib_" + scheme] = [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        out["urllib_" + scheme] = [e.code, ""]
+    except Exception as e:
+        out["urllib_" + scheme] = [type(e).__name__, str(e)[:200]]
+    try:
+        import requests
+    except ImportError:
+        out["requests_" + scheme] = ["not-installed", ""]
+        continue
+    try:
+        r = requests.get(url, timeout=10, verify="ca.pem")
+        out["requests_" + scheme] = [r.status_code, r.text]
+    except Exception as e:
+        out["requests_" + scheme] = [type(e).__name__, str(e)[:200]]
+print("PY " + json.dumps(out))
+"""
+
+# Node's fetch reads HTTP(S)_PROXY only with NODE_USE_ENV_PROXY=1 from Node 24 (and
+# 22.21); Node 20 ignores it and resolves the name itself, which the sandbox cannot do.
+# http.request through the proxy (absolute-form) and https.request through a CONNECT
+# tunnel (an agent's createConnection) work on every version.
+NODE_CLIENTS = r"""
+const http = require("http"), https = require("https"), tls = require("tls"), fs = require("fs");
+const [host, httpPort, httpsPort] = process.argv.slice(2);
+const proxy = new URL(process.env.HTTP_PROXY);
+const ca = fs.readFileSync("ca.pem");
+const out = {version: process.versions.node};
+function body(res, key, done) {
+  let data = ""; res.on("data", (c) => (data += c));
+  res.on("end", () => { out[key] = [res.statusCode, data]; done(); });
+}
+function viaProxy(done) {
+  const req = http.request({host: proxy.hostname, port: proxy.port, path: `http://${host}:${httpPort}/hello`,
+                            headers: {host: `${host}:${httpPort}`}, timeout: 10000},
+                           (res) => body(res, "node_http", done));
+  req.on("error", (e) => { out.node_http = [e.code || e.name, e.message]; done(); });
+  req.end();
+}
+function viaTunnel(done) {
+  const req = http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT",
+                            path: `${host}:${httpsPort}`, timeout: 10000});
+  req.on("connect", (res, socket) => {
+    if (res.statusCode !== 200) { out.node_https = [res.statusCode, ""]; socket.destroy(); return done(); }
+    const agent = new https.Agent({ca});
+    agent.createConnection = () => tls.connect({socket, servername: host, ca});
+    const r = https.request({host, port: httpsPort, path: "/hello", agent}, (res2) => body(res2, "node_https", done));
+    r.on("error", (e) => { out.node_https = [e.code || e.name, e.message]; done(); });
+    r.end();
+  });
+  req.on("error", (e) => { out.node_https = [e.code || e.name, e.message]; done(); });
+  req.end();
+}
+async function viaFetch() {
+  try {
+    const r = await fetch(`http://${host}:${httpPort}/hello`, {signal: AbortSignal.timeout(10000)});
+    out.node_fetch = [r.status, await r.text()];
+  } catch (e) {
+    out.node_fetch = [(e.cause && e.cause.code) || e.name, String(e.cause || e)];
+  }
+}
+viaProxy(() => viaTunnel(() => viaFetch().then(() => console.log("NODE " + JSON.stringify(out)))));
+"""
+
+CURL = (
+    "for u in http://{host}:{http}/hello https://{host}:{https}/hello; do "
+    "echo CURL $u $(curl -sS --cacert ca.pem -m 10 -o /dev/null "
+    "-w '%{{http_code}}/%{{http_connect}}' $u 2>/dev/null); done"
+)
+
+
+@dataclass
+class ClientRun:
+    ran: Ran
+    py: dict[str, list[Any]]
+    node: dict[str, Any]
+    curl: dict[str, str]
+
+
+def run_clients(world: World, serve: Served, host: str) -> tuple[ClientRun, Site, Site]:
+    plain = serve.start({"/hello": b"hello"})
+    secure = serve.start({"/hello": b"hello"}, tls=True)
+    shutil.copy(serve.ca_path, world.workspace / "ca.pem")
+    (world.workspace / "clients.py").write_text(PY_CLIENTS)
+    (world.workspace / "clients.js").write_text(NODE_CLIENTS)
+    policy = write_policy(world, ["web.test"], f"tls_ports = [443, {secure.port}]")
+    ports = f"{host} {plain.port} {secure.port}"
+    script = f"python3 clients.py {ports}; node clients.js {ports}; " + CURL.format(
+        host=host, http=plain.port, https=secure.port
+    )
+    ran = run(world, policy, script)
+    assert ran.proc.returncode == 0, ran.out
+    lines = ran.proc.stdout.splitlines()
+    py = json.loads(next(line[3:] for line in lines if line.startswith("PY ")))
+    node = json.loads(next(line[5:] for line in lines if line.startswith("NODE ")))
+    curl = {}
+    for line in lines:
+        if line.startswith("CURL "):
+            _, url, code = line.split()
+            curl[url.split(":", 1)[0]] = code
+    return ClientRun(ran, py, node, curl), plain, secure
+
+
+def node_major(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_clients_reach_an_allowed_host_through_the_proxy(world: World, serve: Served) -> None:
+    require(
+        shutil.which("node") is not None and shutil.which("curl") is not None,
+        "node or curl is not installed",
+    )
+    c, plain, secure = run_clients(world, serve, "web.test")
+    assert c.py["urllib_http"] == [200, "hello"]
+    assert c.py["urllib_https"] == [200, "hello"]
+    if c.py["requests_http"][0] != "not-installed":
+        assert c.py["requests_http"] == [200, "hello"]
+        assert c.py["requests_https"] == [200, "hello"]
+    assert c.node["node_http"] == [200, "hello"]
+    assert c.node["node_https"] == [200, "hello"]
+    assert c.curl == {"http": "200/000", "https": "200/200"}
+    major, minor = node_major(c.node["version"])
+    if major >= 24 or (major == 22 and minor >= 21):
+        # NODE_USE_ENV_PROXY=1, set by the runtime, routes fetch through the proxy.
+        assert c.node["node_fetch"] == [200, "hello"]
+    else:
+        # This Node (20 here) ignores NODE_USE_ENV_PROXY: fetch resolves web.test itself
+        # and the sandbox has no resolver, so it fails without any traffic.
+        assert c.node["node_fetch"][0] in ("EAI_AGAIN", "ENOTFOUND"), c.node
+    # Every request went through the proxy and was allowed there.
+    assert len([s for s in plain.seen if s == "GET /hello"]) >= 3
+    assert len([s for s in secure.seen if s == "GET /hello"]) >= 3
+    assert not c.ran.denials("host-not-allowed")
+    assert c.ran.requests("web.test")
+    assert c.ran.connects("web.test")
+
+
+def test_clients_cannot_reach_a_host_not_allowed(world: World, serve: Served) -> None:
+    require(
+        shutil.which("node") is not None and shutil.which("curl") is not None,
+        "node or curl is not installed",
+    )
+    c, plain, secure = run_clients(world, serve, "evil.test")
+    # Plain HTTP: the proxy answers 403 itself. HTTPS: it refuses the CONNECT with 403.
+    assert c.py["urllib_http"] == [403, ""]
+    assert c.py["urllib_https"][0] == "URLError"
+    assert "403" in c.py["urllib_https"][1]
+    if c.py["requests_http"][0] != "not-installed":
+        assert c.py["requests_http"][0] == 403
+        assert c.py["requests_https"][0] == "ProxyError"
+    assert c.node["node_http"][0] == 403
+    assert c.node["node_https"] == [403, ""]
+    assert c.node["node_fetch"][0] != 200
+    assert c.curl == {"http": "403/000", "https": "000/403"}
+    assert plain.seen == []
+    assert secure.seen == []
+    denied = c.ran.denials("host-not-allowed")
+    assert {e["host"] for e in denied} == {"evil.test"}
+    assert len(denied) >= 8
