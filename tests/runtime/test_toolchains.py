@@ -670,3 +670,61 @@ def test_clients_cannot_reach_a_host_not_allowed(world: World, serve: Served) ->
     denied = c.ran.denials("host-not-allowed")
     assert {e["host"] for e in denied} == {"evil.test"}
     assert len(denied) >= 8
+
+
+# --- 5. presets: the expansion, and a preset host still goes through the proxy -------------
+
+
+def test_presets_add_their_hosts_and_names_to_the_effective_policy(world: World) -> None:
+    (world.root / "p.toml").write_text('version = 1\n[presets]\nuse = ["python", "node", "git"]\n')
+    proc = world.stockade("check", "--json", str(world.root / "p.toml"))
+    assert proc.returncode == 0, proc.stderr
+    policy = json.loads(proc.stdout)
+    assert policy["network"]["allow"] == [
+        "pypi.org",
+        "files.pythonhosted.org",
+        "registry.npmjs.org",
+        "github.com",
+        "codeload.github.com",
+        "objects.githubusercontent.com",
+    ]
+    assert "upload.pypi.org" not in policy["network"]["allow"]
+    assert {"VIRTUAL_ENV", "PIP_NO_INPUT", "npm_config_audit"} <= set(policy["env"]["pass"])
+    assert policy["notes"] == []
+
+
+@pytest.mark.slow
+def test_python_preset_host_is_reached_through_the_proxy(world: World, serve: Served) -> None:
+    # pypi.org pinned to 127.0.0.1 and served here over TLS: nothing leaves the machine.
+    # pip trusts the test CA, plus the runtime's bundle when the inspect layer intercepts
+    # pypi.org (the runtime then points PIP_CERT at it).
+    site = serve.start(simple_index(), tls=True)
+    shutil.copy(serve.ca_path, world.workspace / "ca.pem")
+    policy = world.root / "policy.toml"
+    policy.write_text(
+        'version = 1\n[presets]\nuse = ["python"]\n[network]\n'
+        'hosts = { "pypi.org" = "127.0.0.1", "upload.pypi.org" = "127.0.0.1" }\n'
+        f"tls_ports = [443, {site.port}]\n"
+        f'tls = {{ upstream_ca = "{serve.ca_path}" }}\n'
+    )
+    bundle = 'cat ca.pem ${PIP_CERT:+"$PIP_CERT"} > trust.pem && '
+    pip = PIP.format(
+        args=f"--cert trust.pem --index-url https://pypi.org:{site.port}/simple/", pkg=PKG
+    )
+    upload = (
+        f"; curl -sS --cacert trust.pem -m 10 -o /dev/null -w 'upload=%{{http_connect}}\\n' "
+        f"-X POST https://upload.pypi.org:{site.port}/legacy/"
+    )
+    r = run(world, policy, bundle + pip + " && " + IMPORT + upload)
+    assert MESSAGE in r.proc.stdout, r.out
+    assert "upload=403" in r.proc.stdout, r.out
+    assert f"GET /simple/{PKG}/" in site.seen
+    assert not any("legacy" in s for s in site.seen)
+    # The proxy decided on pypi.org (pinned, so the address is loopback) and refused
+    # upload.pypi.org, which the preset does not grant.
+    pypi = [e for e in r.events if e.get("host") == "pypi.org"]
+    assert pypi, r.events
+    assert all(e["verdict"] == "allow" for e in pypi)
+    assert any(e["address"] == "127.0.0.1" for e in pypi), pypi
+    denied = r.denials("host-not-allowed")
+    assert {e["host"] for e in denied} == {"upload.pypi.org"}
