@@ -114,7 +114,7 @@ def serve(tmp_path: Path) -> Iterator[Served]:
         if tls:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ca.issue_cert(
-                "index.test", "registry.test", "web.test", "evil.test", "pypi.org"
+                "index.test", "registry.test", "web.test", "git.test", "evil.test", "pypi.org"
             ).configure_cert(ctx)
             server.socket = ctx.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -497,6 +497,142 @@ def test_git_clone_from_a_host_not_allowed_fails(world: World, serve: Served) ->
     denied = r.denials("host-not-allowed")
     assert denied, r.events
     assert all(e["host"] == "evil.test" for e in denied)
+
+
+# --- 3b. git over smart https: the inspect layer's rules decide on the push --------------
+
+
+def git_backend(serve: Served, project_root: Path) -> tuple[int, list[str], Callable[[], None]]:
+    """``git http-backend`` behind a small CGI-speaking HTTPS server; (port, seen, stop)."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _cgi(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            if self.headers.get("transfer-encoding", "").lower() == "chunked":
+                body = b""
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    body += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()
+            else:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            path, _, query = self.path.partition("?")
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "GIT_PROJECT_ROOT": str(project_root),
+                "GIT_HTTP_EXPORT_ALL": "1",
+                "REQUEST_METHOD": self.command,
+                "PATH_INFO": path,
+                "QUERY_STRING": query,
+                "CONTENT_TYPE": self.headers.get("content-type", ""),
+                "CONTENT_LENGTH": str(len(body)),
+                "HTTP_CONTENT_ENCODING": self.headers.get("content-encoding", ""),
+                "GIT_PROTOCOL": self.headers.get("git-protocol", ""),
+                "REMOTE_ADDR": "127.0.0.1",
+            }
+            out = subprocess.run(
+                ["git", "http-backend"], input=body, env=env, capture_output=True, check=False
+            ).stdout
+            head, _, payload = out.partition(b"\r\n\r\n")
+            status = 200
+            headers: list[tuple[str, str]] = []
+            for line in head.decode().split("\r\n"):
+                name, _, value = line.partition(":")
+                if name.lower() == "status":
+                    status = int(value.split()[0])
+                elif name:
+                    headers.append((name, value.strip()))
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = _cgi
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serve.ca.issue_cert("git.test").configure_cert(ctx)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return server.server_address[1], seen, stop
+
+
+def smart_git_policy(world: World, port: int, ca: Path, push: str) -> Path:
+    """The git preset's rules, written out for git.test (the preset names github.com)."""
+    rules = [
+        ("POST", "/**/git-receive-pack", push),
+        ("GET", "/**", "allow"),
+        ("HEAD", "/**", "allow"),
+        ("POST", "/**/git-upload-pack", "allow"),
+    ]
+    tail = "".join(
+        f'[[network.rules]]\nhost = "git.test"\nmethods = ["{m}"]\npaths = ["{p}"]\n'
+        f'action = "{a}"\n'
+        for m, p, a in rules
+    )
+    return write_policy(
+        world,
+        ["git.test"],
+        f'tls_ports = [443, {port}]\ntls = {{ upstream_ca = "{ca}" }}',
+        tail,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("push", ["deny", "allow"])
+def test_git_push_over_https_is_decided_by_the_request_rules(
+    world: World, serve: Served, push: str
+) -> None:
+    require(shutil.which("git") is not None, "git is not installed")
+    bare, _ = bare_repository(world.root)
+    # The server would take the push: only the proxy's rule stands in the way.
+    subprocess.run(["git", "config", "http.receivepack", "true"], cwd=bare, check=True)
+    before = refs(bare)
+    port, seen, stop = git_backend(serve, bare.parent)
+    try:
+        policy = smart_git_policy(world, port, serve.ca_path, push)
+        script = (
+            f"git clone -q https://git.test:{port}/repo.git clone && cat clone/hello.txt && "
+            f"cd clone && echo more >> hello.txt && git {GIT_ID} commit -qam more && "
+            "git push -q origin HEAD:main; echo push-exit=$?"
+        )
+        r = run(world, policy, script)
+    finally:
+        stop()
+    assert r.proc.returncode == 0, r.out
+    assert MESSAGE in r.proc.stdout
+    assert "POST /repo.git/git-upload-pack" in seen
+    requests = [(e["method"], e["path"], e["verdict"], e["reason"]) for e in r.requests("git.test")]
+    # Intercepted: the proxy saw each request and let the fetch through by rule.
+    assert ("POST", "/repo.git/git-upload-pack", "allow") in [q[:3] for q in requests], requests
+    if push == "deny":
+        assert re.search(r"push-exit=[1-9]", r.proc.stdout), r.out
+        assert refs(bare) == before
+        assert "POST /repo.git/git-receive-pack" not in seen
+        assert any(
+            m == "POST"
+            and p == "/repo.git/git-receive-pack"
+            and v == "deny"
+            and why == "rule-denied"
+            for m, p, v, why in requests
+        ), requests
+    else:
+        assert "push-exit=0" in r.proc.stdout, r.out
+        assert refs(bare) != before
+        assert "POST /repo.git/git-receive-pack" in seen
 
 
 # --- 4. curl, urllib, requests and Node against an allowed and a refused host --------------
