@@ -335,10 +335,51 @@ def test_pip_installs_over_https_trusting_a_ca_in_the_workspace(
     assert any(e["host"] == "evil.test" for e in blocked.denials("host-not-allowed"))
 
 
+def inspect_rules(host: str) -> str:
+    """Request rules that make the proxy intercept ``host``: reads allowed, nothing else."""
+    return (
+        f'[[network.rules]]\nhost = "{host}"\nmethods = ["GET", "HEAD"]\npaths = ["/**"]\n'
+        'action = "allow"\n'
+    )
+
+
+@pytest.mark.slow
+def test_pip_trusts_the_runtime_bundle_when_the_index_is_inspected(
+    world: World, serve: Served
+) -> None:
+    # index.test has request rules, so the proxy intercepts it and the runtime points
+    # PIP_CERT (and SSL_CERT_FILE, ...) at its bundle: pip needs no --cert. An upload
+    # (POST, as twine does) to the same index matches no rule and is refused.
+    site = serve.start(simple_index(), tls=True)
+    policy = write_policy(
+        world,
+        ["index.test"],
+        f'tls_ports = [443, {site.port}]\ntls = {{ upstream_ca = "{serve.ca_path}" }}',
+        inspect_rules("index.test"),
+    )
+    index = f"https://index.test:{site.port}/simple/"
+    upload = (
+        "; curl -sS -m 10 --cacert \"$SSL_CERT_FILE\" -o /dev/null -w 'upload=%{http_code}\\n' "
+        f"-X POST --data-binary @venv/pyvenv.cfg https://index.test:{site.port}/legacy/"
+    )
+    r = run(
+        world, policy, PIP.format(args=f"--index-url {index}", pkg=PKG) + " && " + IMPORT + upload
+    )
+    assert MESSAGE in r.proc.stdout, r.out
+    assert "upload=403" in r.proc.stdout, r.out
+    assert f"GET /simple/{PKG}/" in site.seen
+    assert not any(s.startswith("POST") for s in site.seen)
+    requests = [
+        (e["method"], e["path"], e["verdict"], e["reason"]) for e in r.requests("index.test")
+    ]
+    assert ("GET", f"/simple/{PKG}/", "allow", "allowed") in requests, requests
+    assert ("POST", "/legacy/", "deny", "no-rule-matched") in requests, requests
+
+
 # --- 2. npm from a static registry ---------------------------------------------------------
 
 
-def npm_registry(site: Site, host: str) -> None:
+def npm_registry(site: Site, host: str, scheme: str = "http") -> None:
     """Put the packument of ``stockadetiny`` and its tarball on ``site``."""
     files = {
         "package/package.json": json.dumps(
@@ -365,7 +406,7 @@ def npm_registry(site: Site, host: str) -> None:
                 "version": "1.0.0",
                 "main": "index.js",
                 "dist": {
-                    "tarball": f"http://{host}:{site.port}{tarball}",
+                    "tarball": f"{scheme}://{host}:{site.port}{tarball}",
                     "shasum": hashlib.sha1(tgz).hexdigest(),
                     "integrity": integrity,
                 },
@@ -419,6 +460,48 @@ def test_npm_install_from_a_registry_not_allowed_fails(world: World, serve: Serv
     denied = r.denials("host-not-allowed")
     assert denied, r.events
     assert all(e["host"] == "evil.test" for e in denied)
+
+
+@pytest.mark.slow
+def test_npm_install_is_inspected_and_publish_is_refused(world: World, serve: Served) -> None:
+    # registry.test has request rules: the proxy intercepts it, Node trusts the runtime's
+    # bundle through NODE_EXTRA_CA_CERTS, and `npm publish` (a PUT) matches no rule.
+    require(shutil.which("npm") is not None, "npm is not installed")
+    site = serve.start(tls=True)
+    npm_registry(site, "registry.test", scheme="https")
+    policy = write_policy(
+        world,
+        ["registry.test"],
+        f'tls_ports = [443, {site.port}]\ntls = {{ upstream_ca = "{serve.ca_path}" }}',
+        inspect_rules("registry.test"),
+    )
+    mine = world.workspace / "mine"
+    mine.mkdir()
+    (mine / "package.json").write_text(json.dumps({"name": "stockade-mine", "version": "1.0.0"}))
+    registry = f"https://registry.test:{site.port}/"
+    publish = (
+        f"; cd mine && npm publish --registry {registry} --cache ../.npm-cache "
+        f"--//registry.test:{site.port}/:_authToken=not-a-secret --fetch-retries 0 "
+        "--loglevel error; echo publish-exit=$?"
+    )
+    install = NPM.format(host="registry.test", port=site.port, pkg=PKG).replace(
+        "http://", "https://"
+    )
+    # npm passes its `cafile` setting as the agent's whole CA list, which replaces Node's
+    # store and with it NODE_EXTRA_CA_CERTS. A global npmrc may set cafile (this CI
+    # host's /usr/etc/npmrc names the system bundle) and the runtime sets no
+    # npm_config_cafile, so the script points npm at the runtime's bundle itself.
+    trust = 'export npm_config_cafile="$NODE_EXTRA_CA_CERTS" && '
+    r = run(world, policy, trust + install + " && " + REQUIRE + publish)
+    assert MESSAGE in r.proc.stdout, r.out
+    assert re.search(r"publish-exit=[1-9]", r.proc.stdout), r.out
+    assert f"GET /{PKG}/-/{PKG}-1.0.0.tgz" in site.seen
+    assert not any(s.startswith("PUT") for s in site.seen)
+    requests = [
+        (e["method"], e["path"], e["verdict"], e["reason"]) for e in r.requests("registry.test")
+    ]
+    assert ("GET", f"/{PKG}", "allow", "allowed") in requests, requests
+    assert ("PUT", "/stockade-mine", "deny", "no-rule-matched") in requests, requests
 
 
 # --- 3. git over dumb http -----------------------------------------------------------------
