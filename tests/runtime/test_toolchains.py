@@ -5,7 +5,8 @@ Names under ``.test`` (and ``pypi.org`` for the preset test) are pinned to 127.0
 ``network.hosts``; the sandbox has no route of its own, so every request below goes
 through the stockade proxy or nowhere. Each "blocked" test has its "allowed" twin: the
 same client and server, a host that is not on the allow-list, and a ``host-not-allowed``
-denial in the audit log while the server sees nothing.
+denial in the audit log while the server sees nothing; where the inspect layer
+intercepts, the twin is a write (upload, publish, push) that no rule allows.
 """
 
 from __future__ import annotations
@@ -916,7 +917,9 @@ def test_presets_add_their_hosts_and_names_to_the_effective_policy(world: World)
 def test_python_preset_host_is_reached_through_the_proxy(world: World, serve: Served) -> None:
     # pypi.org pinned to 127.0.0.1 and served here over TLS: nothing leaves the machine.
     # pip trusts the test CA, plus the runtime's bundle when the inspect layer intercepts
-    # pypi.org (the runtime then points PIP_CERT at it).
+    # pypi.org (the runtime then points PIP_CERT at it). At this commit the preset's
+    # request rules do not reach the effective policy (the loader reads network.rules
+    # from the raw file, not the preset-merged table), so pypi.org is tunnelled.
     site = serve.start(simple_index(), tls=True)
     shutil.copy(serve.ca_path, world.workspace / "ca.pem")
     policy = world.root / "policy.toml"
