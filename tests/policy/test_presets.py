@@ -124,3 +124,16 @@ def test_workspace_policy_may_use_a_preset_the_user_allows(home: Path) -> None:
     assert policy.network.allow == ("registry.npmjs.org",)
     # the preset's env names are not added by a workspace file
     assert "NODE_ENV" not in [e.name for e in policy.env.pass_]
+
+
+def test_preset_request_rules_reach_the_effective_policy(tmp_path: Path) -> None:
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text('version = 1\n[presets]\nuse = ["git"]\n')
+    rules = load_policy(policy_file, workspace=tmp_path).network.rules
+    push = [r for r in rules if r.paths == ("/**/git-receive-pack",)]
+    assert push
+    assert push[0].action == "deny"
+    # The twin: allow_push turns the push rule into an allow.
+    policy_file.write_text('version = 1\n[presets]\nuse = ["git"]\nallow_push = true\n')
+    rules = load_policy(policy_file, workspace=tmp_path).network.rules
+    assert all(r.action == "allow" for r in rules if r.paths == ("/**/git-receive-pack",))

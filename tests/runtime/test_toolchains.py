@@ -489,11 +489,10 @@ def test_npm_install_is_inspected_and_publish_is_refused(world: World, serve: Se
         "http://", "https://"
     )
     # npm passes its `cafile` setting as the agent's whole CA list, which replaces Node's
-    # store and with it NODE_EXTRA_CA_CERTS. A global npmrc may set cafile (this CI
-    # host's /usr/etc/npmrc names the system bundle) and the runtime sets no
-    # npm_config_cafile, so the script points npm at the runtime's bundle itself.
-    trust = 'export npm_config_cafile="$NODE_EXTRA_CA_CERTS" && '
-    r = run(world, policy, trust + install + " && " + REQUIRE + publish)
+    # store and with it NODE_EXTRA_CA_CERTS; a global npmrc may set cafile (this CI
+    # host's /usr/etc/npmrc names the system bundle). The runtime sets npm_config_cafile
+    # to its bundle, which wins over every npmrc: nothing is needed here.
+    r = run(world, policy, install + " && " + REQUIRE + publish)
     assert MESSAGE in r.proc.stdout, r.out
     assert re.search(r"publish-exit=[1-9]", r.proc.stdout), r.out
     assert f"GET /{PKG}/-/{PKG}-1.0.0.tgz" in site.seen
@@ -917,9 +916,8 @@ def test_presets_add_their_hosts_and_names_to_the_effective_policy(world: World)
 def test_python_preset_host_is_reached_through_the_proxy(world: World, serve: Served) -> None:
     # pypi.org pinned to 127.0.0.1 and served here over TLS: nothing leaves the machine.
     # pip trusts the test CA, plus the runtime's bundle when the inspect layer intercepts
-    # pypi.org (the runtime then points PIP_CERT at it). At this commit the preset's
-    # request rules do not reach the effective policy (the loader reads network.rules
-    # from the raw file, not the preset-merged table), so pypi.org is tunnelled.
+    # pypi.org (the preset's request rules make it intercepted; the runtime then points
+    # PIP_CERT at its bundle).
     site = serve.start(simple_index(), tls=True)
     shutil.copy(serve.ca_path, world.workspace / "ca.pem")
     policy = world.root / "policy.toml"
@@ -947,6 +945,8 @@ def test_python_preset_host_is_reached_through_the_proxy(world: World, serve: Se
     pypi = [e for e in r.events if e.get("host") == "pypi.org"]
     assert pypi, r.events
     assert all(e["verdict"] == "allow" for e in pypi)
-    assert any(e["address"] == "127.0.0.1" for e in pypi), pypi
+    assert any(e.get("address") == "127.0.0.1" for e in pypi if e["event"] == "net_connect"), pypi
+    # The preset's rules apply: the index GETs were inspected, one event per request.
+    assert any(e["event"] == "net_request" and e.get("method") == "GET" for e in pypi), pypi
     denied = r.denials("host-not-allowed")
     assert {e["host"] for e in denied} == {"upload.pypi.org"}

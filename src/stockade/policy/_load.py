@@ -438,7 +438,10 @@ def _build(
     # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
     # A workspace file is checked against the allow-list it will be composed with.
     effective_allow = allow if base is None or "allow" in net else base.network.allow
-    rules, upstream_ca, secrets, labels = _inspect_block(raw, v, effective_allow, cwd)
+    # The network table as merged with the presets, so that their request rules count.
+    rules, upstream_ca, secrets, labels = _inspect_block(
+        {**raw, "network": net}, v, effective_allow, cwd
+    )
 
     # --- limits -----------------------------------------------------------------
     d = LimitsPolicy()

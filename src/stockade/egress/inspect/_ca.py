@@ -55,6 +55,9 @@ TRUST_VARIABLES: tuple[str, ...] = (
     "CURL_CA_BUNDLE",
     "CARGO_HTTP_CAINFO",
     "AWS_CA_BUNDLE",
+    # npm hands an npmrc's cafile to its agent as the only CA list, which would hide
+    # NODE_EXTRA_CA_CERTS; the environment setting wins over every npmrc.
+    "npm_config_cafile",
 )
 
 
