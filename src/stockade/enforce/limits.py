@@ -85,14 +85,21 @@ def detect() -> CgroupSupport | None:
     return None
 
 
+#: A left-behind cgroup younger than this is not swept: it may be a concurrent run's,
+#: created and not yet joined by its first process (still empty).
+SWEEP_MIN_AGE_S = 60.0
+
+
 def _sweep(support: CgroupSupport) -> None:
-    """Remove cgroups that earlier runs left behind when killed (only empty ones go)."""
+    """Remove cgroups that earlier runs left behind when killed (only empty, old ones go)."""
+    cutoff = time.time() - SWEEP_MIN_AGE_S
     for base in set(support.parents.values()):
         with contextlib.suppress(OSError):
             for entry in os.scandir(base):
                 if entry.name.startswith("stockade-") and entry.is_dir(follow_symlinks=False):
                     with contextlib.suppress(OSError):
-                        os.rmdir(entry.path)
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.rmdir(entry.path)
 
 
 @dataclass
