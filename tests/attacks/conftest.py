@@ -180,6 +180,11 @@ def _http_server(name: str, ca: trustme.CA) -> HttpServer:
     tls = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert(f"{name}.test", f"*.{name}.test").configure_cert(ctx)
+
+    def on_sni(_sock: ssl.SSLObject, sni: str | None, _ctx: ssl.SSLContext) -> None:
+        rec.add(json.dumps({"server": name, "sni": sni}))
+
+    ctx.sni_callback = on_sni
     tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
     for s in (plain, tls):
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -490,3 +495,223 @@ def arena() -> Iterator[Arena]:
         yield a
     finally:
         a.close()
+
+
+# ---------------------------------------------------------------------------------------
+# An isolated network namespace for the probes that aim at addresses other than loopback
+# (metadata, private ranges, raw IPs, public resolvers) or that could make the proxy
+# resolve a name: the whole ``stockade run`` (proxy included) runs inside a fresh network
+# and mount namespace where those addresses live on ``lo`` with recording sinks (F-IMDS,
+# F-SINK-TCP on "host" addresses, F-SINK-DNS as the only resolver). Whatever a broken
+# proxy would send therefore never leaves this machine.
+
+#: Addresses given to ``lo`` in the isolated namespace, each with recording sinks.
+ISOLATED_V4 = (
+    "169.254.169.254",
+    "169.254.170.2",
+    "100.100.100.200",
+    "10.0.0.1",
+    "172.17.0.1",
+    "192.168.1.1",
+    "100.64.0.1",
+    "203.0.113.10",
+    "192.0.2.1",
+    "1.1.1.1",
+    "8.8.8.8",
+)
+ISOLATED_V6 = ("fd00:ec2::254", "fd00::1", "2001:db8::1")
+SINK_PORTS = (80, 443, 53, 853, 2375)
+
+HARNESS = r"""
+import json, os, socket, subprocess, sys, tempfile, threading, time
+cfg = json.loads(sys.argv[1])
+def ip(*a):
+    subprocess.run(["ip", *a], check=True)
+ip("link", "set", "lo", "up")
+for a in cfg["v4"]:
+    if a != "127.0.0.1":
+        ip("addr", "add", a + "/32", "dev", "lo")
+for a in cfg["v6"]:
+    ip("-6", "addr", "add", a + "/128", "dev", "lo", "nodad")
+resolv = tempfile.NamedTemporaryFile("w", delete=False, suffix=".resolv")
+resolv.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"); resolv.close()
+subprocess.run(["mount", "--bind", resolv.name, os.path.realpath("/etc/resolv.conf")], check=True)
+log, lock = [], threading.Lock()
+def add(x):
+    with lock:
+        log.append(x)
+def qname(data):
+    labels, i = [], 12
+    while i < len(data) and data[i]:
+        n = data[i]; labels.append(data[i+1:i+1+n].decode(errors="replace")); i += 1 + n
+    return ".".join(labels)
+def tcp(s, addr):
+    while True:
+        try:
+            c, peer = s.accept()
+        except OSError:
+            return
+        c.settimeout(1)
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data and len(data) < 65536:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            if addr[1] in (53, 853) and len(data) > 2:
+                add({"kind": "dns-tcp", "addr": addr, "qname": qname(data[2:])})
+            else:
+                add({"kind": "tcp", "addr": addr, "data": data[:300].decode(errors="replace")})
+            body = b"sink"
+            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\n" + body)
+        except OSError:
+            pass
+        c.close()
+def udp(s, addr):
+    while True:
+        try:
+            data, peer = s.recvfrom(4096)
+        except OSError:
+            return
+        add({"kind": "dns-udp" if addr[1] == 53 else "udp", "addr": addr, "qname": qname(data)})
+        if len(data) > 12:  # NXDOMAIN
+            s.sendto(data[:2] + b"\x81\x83" + data[4:6] + b"\0\0\0\0\0\0" + data[12:], peer)
+for a in ["127.0.0.1", "::1", *cfg["v4"], *cfg["v6"]]:
+    fam = socket.AF_INET6 if ":" in a else socket.AF_INET
+    for port in cfg["ports"]:
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            if kind == socket.SOCK_DGRAM and port not in (53, 443, 123):
+                continue
+            s = socket.socket(fam, kind)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((a, port))
+            except OSError:
+                continue
+            if kind == socket.SOCK_STREAM:
+                s.listen(64)
+                threading.Thread(target=tcp, args=(s, (a, port)), daemon=True).start()
+            else:
+                threading.Thread(target=udp, args=(s, (a, port)), daemon=True).start()
+proc = subprocess.run(cfg["cmd"], capture_output=True, text=True, cwd=cfg["cwd"], env=cfg["env"], timeout=cfg["timeout"])
+time.sleep(0.3)
+with lock:
+    out = {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "log": list(log)}
+with open(cfg["out"], "w") as f:
+    json.dump(out, f)
+"""
+
+
+@dataclass
+class Isolated:
+    """What an isolated run printed, and what every sink inside its namespace recorded."""
+
+    result: Result
+    log: list[dict[str, Any]]
+
+    def hits(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.log if kind is None or e["kind"] == kind]
+
+
+def host_addresses() -> list[str]:
+    """Every address of this host's interfaces (HOST-09), loopback excluded."""
+    proc = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
+    out: list[str] = []
+    with contextlib.suppress(ValueError):
+        for link in json.loads(proc.stdout or "[]"):
+            for info in link.get("addr_info", []):
+                addr = info.get("local", "")
+                if addr and not addr.startswith(("127.", "::1", "fe80")):
+                    out.append(addr)
+    return out
+
+
+def isolated_works() -> bool:
+    return (
+        os.getuid() == 0
+        and shutil.which("unshare") is not None
+        and shutil.which("ip") is not None
+        and bwrap_works()
+    )
+
+
+def run_isolated(
+    arena: Arena,
+    body: str,
+    *args: str,
+    policy_text: str,
+    timeout: float = 90,
+    extra_v4: tuple[str, ...] = (),
+) -> Isolated:
+    """Run ``PRELUDE + body`` under ``stockade run`` inside an isolated netns (see above)."""
+    require(isolated_works(), "isolated network namespaces need root, unshare and ip")
+    policy = arena.root / f"iso-{uuid.uuid4().hex}.toml"
+    policy.write_text(policy_text)
+    audit = arena.root / f"iso-audit-{uuid.uuid4().hex}.jsonl"
+    out = arena.root / f"iso-{uuid.uuid4().hex}.json"
+    v4 = list(dict.fromkeys([*ISOLATED_V4, *extra_v4]))
+    v4s = [a for a in v4 if ":" not in a]
+    v6s = list(dict.fromkeys([*ISOLATED_V6, *(a for a in extra_v4 if ":" in a)]))
+    cmd = [
+        sys.executable,
+        "-m",
+        "stockade",
+        "run",
+        "--policy",
+        str(policy),
+        "--audit",
+        str(audit),
+        "--",
+        "python3",
+        "-c",
+        PRELUDE + body,
+        *args,
+    ]
+    cfg: dict[str, Any] = {
+        "v4": v4s,
+        "v6": v6s,
+        "ports": list(SINK_PORTS),
+        "cwd": str(arena.workspace),
+        "env": arena.env,
+        "timeout": timeout,
+        "out": str(out),
+        "cmd": cmd,
+    }
+    subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            HARNESS,
+            json.dumps(cfg),
+        ],
+        check=True,
+        timeout=timeout + 30,
+    )
+    data = json.loads(out.read_text())
+    proc = subprocess.CompletedProcess(cmd, data["rc"], data["stdout"], data["stderr"])
+    lines: dict[str, dict[str, Any]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict) and "id" in obj:
+                    lines[str(obj["id"])] = obj
+    events = []
+    if audit.exists():
+        events = [json.loads(x) for x in audit.read_text().splitlines() if x.strip()]
+    return Isolated(Result(proc, lines, events), data["log"])
+
+
+def isolated_policy(extra: str = "", allow: tuple[str, ...] = ("allowed.test",)) -> str:
+    allow_s = ", ".join(json.dumps(h) for h in allow)
+    return f"""version = 1
+[network]
+allow = [{allow_s}]
+hosts = {{ "allowed.test" = "127.0.0.1", "evil.test" = "127.0.0.1" }}
+{extra}"""
