@@ -213,10 +213,12 @@ import errno, json, os, socket, subprocess, sys, time
 def emit(id, **kw):
     print(json.dumps({"id": id, **kw}, default=str), flush=True)
 def sh(cmd, timeout=15, input=None):
+    t0 = time.monotonic()
     try:
         p = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=timeout,
                            input=input, errors="replace")
-        return {"rc": p.returncode, "out": p.stdout[-4000:], "err": p.stderr[-2000:]}
+        return {"rc": p.returncode, "out": p.stdout[-4000:], "err": p.stderr[-2000:],
+                "t": round(time.monotonic() - t0, 2)}
     except subprocess.TimeoutExpired:
         return {"rc": "timeout", "out": "", "err": ""}
 def read(path):
