@@ -423,6 +423,9 @@ tls = {{ upstream_ca = "{self.ca_path}" }}
     ) -> Result:
         """``stockade run --policy P --audit A FLAGS -- CMD``; JSON lines by their "id"."""
         audit = self.root / f"audit-{uuid.uuid4().hex}.jsonl"
+        # STOCKADE_ATTACKS_FLAGS="--disable files ..." weakens every run: a check that the
+        # suite notices (it must fail), never for normal use.
+        flags = (*os.environ.get("STOCKADE_ATTACKS_FLAGS", "").split(), *flags)
         proc = self.stockade(
             "run",
             "--policy",
