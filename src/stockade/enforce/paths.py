@@ -91,6 +91,10 @@ TOOLCHAIN_ROOTS: tuple[str, ...] = (
 #: protected when the workspace is not a repository, so no repository can be created.)
 _DIR_PLACEHOLDERS = (".claude", ".cursor", ".vscode", ".idea", ".husky", ".devcontainer")
 _FILE_PLACEHOLDERS = (".mcp.json", ".envrc", ".gitmodules", "stockade.toml")
+#: Inside an existing .git directory. An empty commondir makes git fail, so its
+#: placeholder says "." (the git directory itself), which changes nothing.
+_GIT_PLACEHOLDERS = ("commondir", "config.worktree")
+_PLACEHOLDER_CONTENT = {"commondir": b".\n"}
 
 #: Expanding a deny glob stops after this long; the run is refused rather than partly
 #: protected when it does.
@@ -299,6 +303,13 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
     missing_files = [n for n in _FILE_PLACEHOLDERS if not os.path.lexists(workspace / n)]
     if not os.path.lexists(git):
         missing_dirs.append(".git")
+    elif git.is_dir() and not git.is_symlink():
+        # Files git reads from .git that a repository usually lacks: created, they would
+        # redirect git (commondir points the common dir, and so config and hooks,
+        # elsewhere) or add configuration. Placeholders keep them from being created.
+        for name in _GIT_PLACEHOLDERS:
+            if not os.path.lexists(git / name):
+                missing_files.append(f".git/{name}")
     for name in missing_dirs:
         target = workspace / name
         try:
@@ -319,7 +330,10 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
         except OSError:
             continue
         else:
-            os.close(fd)
+            try:
+                os.write(fd, _PLACEHOLDER_CONTENT.get(target.name, b""))
+            finally:
+                os.close(fd)
             created.append(target)
         existing.append(target)
     for path in existing:
@@ -342,7 +356,7 @@ def remove_placeholders(created: Iterable[Path]) -> list[Path]:
         try:
             if path.is_dir() and not path.is_symlink():
                 path.rmdir()
-            elif path.is_file() and path.stat().st_size == 0:
+            elif path.is_file() and path.read_bytes() == _PLACEHOLDER_CONTENT.get(path.name, b""):
                 path.unlink()
             else:
                 left.append(path)
