@@ -354,7 +354,7 @@ def test_wrt_07_10_12_twins(arena: Arena, escapes: Result) -> None:
 
 SUID_PROBE = r"""
 emit("suid", **sh("cp /bin/sh ./suid-sh && chmod u+s ./suid-sh; stat -c %A ./suid-sh; ./suid-sh -c 'id -u; id -ru; grep NoNewPrivs /proc/self/status'"))
-emit("py-suid", **sh("cp $(command -v python3) ./suid-py && chmod u+s ./suid-py && ./suid-py -c 'import os; print(os.geteuid() == os.getuid())'"))
+emit("py-suid", **sh("cp $(command -v python3) ./suid-py; chmod u+s ./suid-py; ./suid-py -c 'import os; print(os.geteuid() == os.getuid())'"))
 for name, spec in (("mem", "c 1 1"), ("kmsg", "c 1 11"), ("sda", "b 8 0"), ("null", "c 1 3")):
     emit("mknod:" + name, **sh(f"mknod ./{name} {spec}"))
 emit("fifo", **sh("mkfifo ./f && test -p ./f && echo fifo-ok"))
@@ -366,10 +366,14 @@ def test_wrt_13_setuid_and_device_nodes(arena: Arena) -> None:
     res = arena.py(SUID_PROBE)
     try:
         out = res["suid"]["out"].split()
-        # NoNewPrivs holds, so a set-uid bit grants nothing: euid == ruid.
+        # The set-id bit cannot be set (it would survive on the host), and even if it
+        # were, NoNewPrivs holds: a set-uid bit grants nothing, euid == ruid.
+        assert out[0].startswith("-rwx") and "s" not in out[0], res["suid"]
+        assert "Operation not permitted" in res["suid"]["err"], res["suid"]
         assert out[1] == out[2], res["suid"]
         assert out[-1] == "1", res["suid"]
         assert res["py-suid"]["out"].strip() == "True"
+        assert not (arena.workspace / "suid-sh").stat().st_mode & 0o6000
         for name in ("mem", "kmsg", "sda", "null"):
             assert res[f"mknod:{name}"]["rc"] != 0
             assert not (arena.workspace / name).exists()

@@ -207,3 +207,29 @@ def test_limits_pids(world: World) -> None:
     assert "stopped at" in proc.stdout, proc.stderr
     n = int(proc.stdout.split()[2])
     assert 5 <= n < 20
+
+
+def test_setid_bits_refused_plain_modes_work(world: World) -> None:
+    proc = world.stockade(
+        "run",
+        "--",
+        "python3",
+        "-c",
+        "import os, shutil\n"
+        "shutil.copy('/bin/sh', 's')\n"
+        "for mode in (0o4755, 0o2755):\n"
+        "    try:\n"
+        "        os.chmod('s', mode); print('set', oct(mode))\n"
+        "    except PermissionError:\n"
+        "        print('refused', oct(mode))\n"
+        "try:\n"
+        "    os.close(os.open('t', os.O_CREAT | os.O_WRONLY, 0o4755)); print('created setuid')\n"
+        "except PermissionError:\n"
+        "    print('refused create')\n"
+        "os.chmod('s', 0o700); print('plain chmod', oct(os.stat('s').st_mode & 0o7777))\n",
+    )
+    assert "refused 0o4755" in proc.stdout, proc.stderr
+    assert "refused 0o2755" in proc.stdout
+    assert "refused create" in proc.stdout
+    assert "plain chmod 0o700" in proc.stdout
+    assert not (world.workspace / "s").stat().st_mode & 0o6000

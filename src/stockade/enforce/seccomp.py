@@ -51,6 +51,11 @@ Policy: default allow; the kernel surface that build tools do not need is refuse
   capability leaks.
 * ``name_to_handle_at``, ``open_by_handle_at``: EPERM; file handles open files by inode
   number and bypass path-based checks (the "shocker" container escape).
+* setting a set-user-ID or set-group-ID bit (``chmod``, ``fchmod``, ``fchmodat``,
+  ``fchmodat2``, and ``open``/``openat``/``creat``/``mknod``/``mknodat`` with such a mode):
+  the bit would survive on the host, where a later run of the file gains its owner's
+  privileges (root's, when stockade runs as root). ``openat2`` gets ENOSYS, since its mode
+  sits in a struct the filter cannot read, and libcs fall back to ``openat``;
 * ``ioctl`` with request ``TIOCSTI`` (0x5412, push bytes into the terminal's input) or
   ``TIOCLINUX`` (0x541C, which can do the same through the console selection): EPERM.
   Only the low 32 bits of the request are compared, because the kernel truncates it to
@@ -126,6 +131,22 @@ _CLONE_NEW_FLAGS = (
 # CLONE_NEWTIME (0x80) is not in the mask: for clone() that bit is part of the exit
 # signal, and the kernel only accepts CLONE_NEWTIME through unshare and clone3.
 
+#: S_ISUID | S_ISGID: a file the sandbox marks set-id keeps the bit on the host, where a
+#: later run of it would gain the owner's (for a root caller: root's) privileges.
+_SETID_BITS = 0o6000
+#: syscall -> index of its mode argument
+_MODE_ARG = {
+    "open": 2,
+    "creat": 1,
+    "chmod": 1,
+    "fchmod": 1,
+    "mknod": 1,
+    "openat": 3,
+    "mknodat": 2,
+    "fchmodat": 2,
+    "fchmodat2": 2,
+}
+
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 
@@ -149,6 +170,16 @@ ARCHES: dict[str, _Arch] = {
         audit_arch=0xC000003E,
         x32_check=True,
         nr={
+            "open": 2,
+            "creat": 85,
+            "chmod": 90,
+            "fchmod": 91,
+            "mknod": 133,
+            "openat": 257,
+            "mknodat": 259,
+            "fchmodat": 268,
+            "openat2": 437,
+            "fchmodat2": 452,
             "ioctl": 16,
             "socket": 41,
             "clone": 56,
@@ -201,6 +232,12 @@ ARCHES: dict[str, _Arch] = {
         x32_check=False,
         nr={
             "lookup_dcookie": 18,
+            "mknodat": 33,
+            "fchmod": 52,
+            "fchmodat": 53,
+            "openat": 56,
+            "openat2": 437,
+            "fchmodat2": 452,
             "ioctl": 29,
             "umount2": 39,
             "mount": 40,
@@ -353,6 +390,16 @@ def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> byte
     for syscall_name in names:
         prog += _block(spec.nr[syscall_name], [deny])
     prog += _block(spec.nr["clone3"], [_ret(_RET_ERRNO | _ENOSYS)])
+    # openat2 passes its mode inside a struct the filter cannot read: ENOSYS makes libcs
+    # and runtimes fall back to openat, whose mode it can.
+    prog += _block(spec.nr["openat2"], [_ret(_RET_ERRNO | _ENOSYS)])
+    # No set-user-ID or set-group-ID bit on any file, made or changed.
+    for syscall_name, index in _MODE_ARG.items():
+        if syscall_name in spec.nr:
+            prog += _block(
+                spec.nr[syscall_name],
+                [_load(_arg_lo(index)), _insn(_BPF_JMP_JSET_K, 0, 1, _SETID_BITS), deny, allow],
+            )
 
     # clone: refuse only namespace-creating flags; fork and threads pass.
     prog += _block(
