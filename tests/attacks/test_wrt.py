@@ -368,7 +368,8 @@ def test_wrt_13_setuid_and_device_nodes(arena: Arena) -> None:
         out = res["suid"]["out"].split()
         # The set-id bit cannot be set (it would survive on the host), and even if it
         # were, NoNewPrivs holds: a set-uid bit grants nothing, euid == ruid.
-        assert out[0].startswith("-rwx") and "s" not in out[0], res["suid"]
+        assert out[0].startswith("-rwx"), res["suid"]
+        assert "s" not in out[0], res["suid"]
         assert "Operation not permitted" in res["suid"]["err"], res["suid"]
         assert out[1] == out[2], res["suid"]
         assert out[-1] == "1", res["suid"]
