@@ -26,6 +26,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.json:
         data["sources"] = list(policy.sources)
         data["notes"] = list(policy.notes)
+        data["warnings"] = list(policy.warnings)
         data["digest"] = policy.digest()
         print(json.dumps(data, indent=2))
         return 0
@@ -64,4 +65,6 @@ def execute(args: argparse.Namespace) -> int:
     print(f"layers      {', '.join(active)}" + (f"  (OFF: {', '.join(off)})" if off else ""))
     for note in policy.notes:
         print(f"note        {note}")
+    for warning in policy.warnings:
+        print(f"WARNING     {warning}")
     return 0

@@ -103,6 +103,8 @@ def execute(args: argparse.Namespace) -> int:
         )
     if args.disable:
         policy = replace(policy, layers=policy.layers.without(*args.disable))
+    for warning in policy.warnings:
+        print(f"stockade: warning: {warning}", file=sys.stderr)
     result = run(
         RunRequest(
             argv=command,

@@ -365,6 +365,51 @@ def remove_placeholders(created: Iterable[Path]) -> list[Path]:
     return left
 
 
+#: Directories not searched for sockets: large, and no host service listens in them.
+_SOCKET_SKIP = frozenset(
+    {"node_modules", ".venv", "venv", "__pycache__", ".tox", "target", "dist", "build"}
+)
+SOCKET_SCAN_DEPTH = 4
+SOCKET_SCAN_BUDGET_S = 0.2
+
+
+def workspace_sockets(workspace: Path) -> tuple[list[Path], bool]:
+    """Unix sockets of host services inside the workspace (git's fsmonitor daemon, a dev
+    server), to be masked: ``connect()`` needs no write permission, so neither a
+    read-only bind nor Landlock (before its unix-socket rules) would stop it.
+
+    Searches :data:`SOCKET_SCAN_DEPTH` levels deep within :data:`SOCKET_SCAN_BUDGET_S`;
+    returns the sockets found and whether the search was complete.
+    """
+    import stat
+
+    deadline = time.monotonic() + SOCKET_SCAN_BUDGET_S
+    found: list[Path] = []
+    stack: list[tuple[str, int]] = [(str(workspace), 0)]
+    while stack:
+        if time.monotonic() > deadline:
+            return found, False
+        directory, depth = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth + 1 < SOCKET_SCAN_DEPTH and entry.name not in _SOCKET_SKIP:
+                        stack.append((entry.path, depth + 1))
+                elif (
+                    not entry.is_file(follow_symlinks=False)
+                    and not entry.is_symlink()
+                    and stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)
+                ):
+                    found.append(Path(entry.path))
+            except OSError:
+                continue
+    return found, True
+
+
 def caller_home(env: Mapping[str, str]) -> Path:
     """The caller's home directory as a resolved path."""
     home = env.get("HOME") or os.path.expanduser("~")

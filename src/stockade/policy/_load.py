@@ -36,6 +36,7 @@ from stockade.policy._model import (
 )
 from stockade.policy._presets import PRESETS, expand_presets
 from stockade.policy._schema import NAMED_TABLES, SCHEMA, TOP_LEVEL
+from stockade.policy._tables import risky_host
 from stockade.policy._units import parse_size
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -102,7 +103,8 @@ def add_allowed_hosts(policy: Policy, hosts: tuple[str, ...]) -> Policy:
         _check_host_pattern(host, f"--allow-host[{i}]", "command line")
     if not hosts:
         return policy
-    return replace(policy, network=replace(policy.network, allow=policy.network.allow + hosts))
+    allow = policy.network.allow + hosts
+    return replace(policy, network=replace(policy.network, allow=allow), warnings=_warnings(allow))
 
 
 def parse_policy_text(
@@ -468,10 +470,23 @@ def _build(
         labels=labels,
         sources=(source,),
         notes=tuple(notes),
+        warnings=_warnings(allow),
     )
     if base is None:
         return policy
     return _tighten(base, policy, raw, v)
+
+
+def _warnings(allow: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for i, entry in enumerate(allow):
+        what = risky_host(entry)
+        if what:
+            out.append(
+                f'network.allow[{i}]: "{entry}" is {what}: anything in the sandbox can send '
+                "data through it; allow it only if the task needs it"
+            )
+    return tuple(out)
 
 
 def _covered(path: Path, grants: tuple[Path, ...]) -> bool:
@@ -554,6 +569,9 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         labels=labels,
         sources=base.sources + ws.sources,
         notes=base.notes + ws.notes,
+        warnings=_warnings(
+            ws.network.allow if "allow" in raw.get("network", {}) else base.network.allow
+        ),
     )
 
 

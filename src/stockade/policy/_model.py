@@ -189,6 +189,8 @@ class Policy:
     sources: tuple[str, ...] = ("built-in",)
     #: notes found while loading (paths whose real location differs from their spelling)
     notes: tuple[str, ...] = ()
+    #: what the policy allows that is an open channel (DoH resolvers, tunnels, pastes)
+    warnings: tuple[str, ...] = ()
 
     version: int = 1
 

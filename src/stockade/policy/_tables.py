@@ -73,3 +73,40 @@ BASE_ENV_NAMES: tuple[str, ...] = (
     "SHELL",
     "COLORTERM",
 )
+
+
+#: Hosts that make an allow-list entry an open channel: DNS-over-HTTPS resolvers (names
+#: resolved, and data sent, around the proxy's DNS), tunnels to anywhere, paste and
+#: webhook services (attacks NET-07, NET-23). An entry naming one gets a warning.
+RISKY_HOSTS: dict[str, str] = {
+    "dns.google": "a DNS-over-HTTPS resolver",
+    "cloudflare-dns.com": "a DNS-over-HTTPS resolver",
+    "one.one.one.one": "a DNS-over-HTTPS resolver",
+    "dns.quad9.net": "a DNS-over-HTTPS resolver",
+    "doh.opendns.com": "a DNS-over-HTTPS resolver",
+    "dns.nextdns.io": "a DNS-over-HTTPS resolver",
+    "ngrok-free.app": "a tunnel service",
+    "ngrok.io": "a tunnel service",
+    "ngrok.app": "a tunnel service",
+    "trycloudflare.com": "a tunnel service",
+    "loca.lt": "a tunnel service",
+    "serveo.net": "a tunnel service",
+    "localhost.run": "a tunnel service",
+    "webhook.site": "a webhook collector",
+    "requestbin.com": "a webhook collector",
+    "pipedream.net": "a webhook collector",
+    "pastebin.com": "a paste service",
+    "paste.ee": "a paste service",
+    "transfer.sh": "a file drop",
+    "file.io": "a file drop",
+    "filev2.getsession.org": "a file drop used for exfiltration",
+}
+
+
+def risky_host(entry: str) -> str | None:
+    """What makes the allow-list ``entry`` an open channel, or None."""
+    host = entry.strip().lower().removeprefix("*.").rsplit(":", 1)[0].rstrip(".")
+    for name, what in RISKY_HOSTS.items():
+        if host == name or host.endswith("." + name) or name.endswith("." + host):
+            return what
+    return None

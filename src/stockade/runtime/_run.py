@@ -221,6 +221,14 @@ def _execute(
         workspace=str(workspace),
         cwd=str(cwd),
     )
+    for warning in policy.warnings:
+        audit.emit(
+            "policy_warning",
+            layer="egress",
+            verdict="report",
+            reason="host-not-allowed",
+            detail=warning,
+        )
     for note in policy.notes:
         audit.emit(
             "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
@@ -276,6 +284,25 @@ def _execute(
             )
             if layers.container:
                 protection = paths.protect_paths(workspace, fs.protect)
+                sockets, complete = paths.workspace_sockets(workspace)
+                for sock in sockets:
+                    audit.emit(
+                        "denied",
+                        layer="container",
+                        verdict="deny",
+                        reason="path-denied",
+                        detail=f"unix socket {sock} in the workspace is masked",
+                        path=str(sock),
+                    )
+                if not complete:
+                    audit.emit(
+                        "layer_note",
+                        layer="container",
+                        verdict="report",
+                        reason="path-denied",
+                        detail=f"the search for unix sockets in the workspace stopped after "
+                        f"{paths.SOCKET_SCAN_BUDGET_S:g}s; sockets deeper down are not masked",
+                    )
                 if protection.created:
                     (scratch / PLACEHOLDER_MANIFEST).write_text(
                         "".join(f"{p}\n" for p in protection.created)
@@ -286,7 +313,7 @@ def _execute(
                     read=fs.read,
                     write=fs.write,
                     toolchains=toolchains,
-                    masked_files=deny.files,
+                    masked_files=(*deny.files, *sockets),
                     masked_dirs=deny.dirs,
                     protected=protection.existing,
                     pinned=protection.pinned,
