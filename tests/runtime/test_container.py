@@ -386,3 +386,34 @@ def test_srt_settings_run_directly(world: World) -> None:
     bad = world.stockade("run", "--srt-settings", str(settings), "--", "true")
     assert bad.returncode == 125
     assert "tlsTerminate" in bad.stderr
+
+
+def test_concurrent_runs_share_placeholders(world: World) -> None:
+    long = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stockade",
+            "run",
+            *ONLY_CONTAINER,
+            "--",
+            "sh",
+            "-c",
+            "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?",
+        ],
+        cwd=world.workspace,
+        env=world.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    # A second run starts and ends while the first still runs: it binds the first's
+    # placeholders, and must not remove them on its way out.
+    assert run(world, "sh", "-c", "test -d .vscode && echo seen").stdout.strip() == "seen"
+    assert (world.workspace / ".vscode").is_dir()
+    out, err = long.communicate(timeout=30)
+    assert long.returncode == 0, err
+    assert "wrote=0" not in out
+    # The last run out removes them.
+    assert sorted(os.listdir(world.workspace)) == ["README"]

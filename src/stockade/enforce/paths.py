@@ -352,7 +352,8 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
 def remove_placeholders(created: Iterable[Path]) -> list[Path]:
     """Remove this run's placeholders that are still empty; return those left in place."""
     left: list[Path] = []
-    for path in created:
+    # Deepest first: a placeholder may hold another run's (.git then .git/commondir).
+    for path in sorted(set(created), key=lambda p: len(p.parts), reverse=True):
         try:
             if path.is_dir() and not path.is_symlink():
                 path.rmdir()

@@ -34,7 +34,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _host
+from stockade.runtime import _host, _placeholders
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -133,11 +133,8 @@ def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> 
     return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
 
 
-PLACEHOLDER_MANIFEST = "placeholders"
-
-
 def _sweep_leftovers() -> None:
-    """Remove scratch directories (and their placeholders) of stockade processes gone."""
+    """Remove the scratch directories of stockade processes that are gone."""
     base = Path(tempfile.gettempdir())
     try:
         entries = [e for e in os.scandir(base) if e.name.startswith("stockade-")]
@@ -154,9 +151,6 @@ def _sweep_leftovers() -> None:
             pass
         except PermissionError:
             continue  # another user's
-        manifest = Path(entry.path) / PLACEHOLDER_MANIFEST
-        with contextlib.suppress(OSError):
-            paths.remove_placeholders(Path(line) for line in manifest.read_text().splitlines())
         shutil.rmtree(entry.path, ignore_errors=True)
 
 
@@ -164,9 +158,8 @@ def _sweep_leftovers() -> None:
 def _scratch() -> Iterator[Path]:
     """A private scratch directory for one run, named after this process.
 
-    What a run killed with SIGKILL leaves behind (this directory, and the protected-path
-    placeholders listed in its manifest) is removed by the next run, once the process
-    named in it is gone.
+    What a run killed with SIGKILL leaves behind is removed by the next run, once the
+    process named in it is gone (placeholders: see :mod:`._placeholders`).
     """
     _sweep_leftovers()
     path = Path(tempfile.mkdtemp(prefix=f"stockade-{os.getpid()}-"))
@@ -239,6 +232,7 @@ def _execute(
     needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
 
     protection = paths.Protection((), (), ())
+    claim: _placeholders.Claim | None = None
     returncode = 0
     timed_out = False
     stdout_data: bytes | None = None
@@ -283,7 +277,8 @@ def _execute(
                 caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
             )
             if layers.container:
-                protection = paths.protect_paths(workspace, fs.protect)
+                claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
+                protection = claim.protect(workspace, fs.protect)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
@@ -302,10 +297,6 @@ def _execute(
                         reason="path-denied",
                         detail=f"the search for unix sockets in the workspace stopped after "
                         f"{paths.SOCKET_SCAN_BUDGET_S:g}s; sockets deeper down are not masked",
-                    )
-                if protection.created:
-                    (scratch / PLACEHOLDER_MANIFEST).write_text(
-                        "".join(f"{p}\n" for p in protection.created)
                     )
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace,
@@ -414,7 +405,7 @@ def _execute(
                 if own_plan and egress_plan is not None:
                     egress_plan.close()
     finally:
-        left = paths.remove_placeholders(protection.created)
+        left = claim.release() if claim is not None else []
         for path in left:
             audit.decision(
                 "denied",

@@ -1,0 +1,99 @@
+"""Placeholders of protected paths, shared by the concurrent runs of one workspace.
+
+A protected path that does not exist yet (``.vscode/``, ``.envrc``, ...) gets an empty
+placeholder for the run, bound read-only. Two runs in one workspace at once share them:
+the second sees the first's placeholders as existing paths and binds them too, so they
+may only go when the last run of the workspace ends. A small registry per workspace, in
+the user's state directory and guarded by ``flock``, records which stockade processes use
+the workspace and which placeholders were made; whoever leaves last (or the next run,
+after processes killed with SIGKILL) removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from stockade.enforce import paths
+
+_SHARED = "placeholders"
+
+
+def _registry(state_dir: Path, workspace: Path) -> Path:
+    digest = hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
+    path = state_dir / "workspaces" / digest
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(registry: Path) -> Iterator[None]:
+    fd = os.open(registry / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _alive(name: str) -> bool:
+    pid = name.split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _users(registry: Path) -> list[Path]:
+    """The registered runs still alive; entries of processes that are gone are dropped."""
+    live = []
+    for entry in registry.glob("*.run"):
+        if _alive(entry.name):
+            live.append(entry)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
+def _tidy(registry: Path) -> list[Path]:
+    """With no run left in the workspace, remove every recorded placeholder."""
+    shared = registry / _SHARED
+    if _users(registry) or not shared.exists():
+        return []
+    left = paths.remove_placeholders(Path(line) for line in shared.read_text().splitlines())
+    shared.unlink(missing_ok=True)
+    return left
+
+
+class Claim:
+    """This run's use of a workspace's protected-path placeholders."""
+
+    def __init__(self, state_dir: Path, workspace: Path, run_id: str) -> None:
+        self.registry = _registry(state_dir, workspace)
+        self.entry = self.registry / f"{os.getpid()}-{run_id}.run"
+
+    def protect(self, workspace: Path, extra: Iterable[str]) -> paths.Protection:
+        """Register this run, tidy after dead ones, and make the placeholders it needs."""
+        with _locked(self.registry):
+            _tidy(self.registry)
+            self.entry.touch()
+            protection = paths.protect_paths(workspace, extra)
+            if protection.created:
+                with (self.registry / _SHARED).open("a") as fh:
+                    fh.write("".join(f"{p}\n" for p in protection.created))
+            return protection
+
+    def release(self) -> list[Path]:
+        """Unregister; the last run out removes the placeholders. Returns any not removed."""
+        with _locked(self.registry):
+            self.entry.unlink(missing_ok=True)
+            return _tidy(self.registry)
