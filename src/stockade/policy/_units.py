@@ -44,7 +44,11 @@ def parse_size(value: int | str) -> int:
         raise ValueError("expected a size such as 512MiB, 4GiB or a number of bytes")
     number, unit = match.groups()
     factor = _FACTORS[(unit or "").upper()]
-    return int(float(number) * factor)
+    size = float(number) * factor
+    if size >= 2**63:
+        # Also catches inf: float("9" * 400) does not raise, int() of it would.
+        raise ValueError("too large; a size is less than 8EiB")
+    return int(size)
 
 
 def format_size(size: int) -> str:
