@@ -193,7 +193,7 @@ def _host_ip() -> str:
 
 def _run_and_break(
     world: World, origin: int, monkeypatch: pytest.MonkeyPatch, how: str
-) -> tuple[dict[str, str], list[dict[str, Any]]]:
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     proxies: list[_egress.RunProxy] = []
     real_attach = _egress.RunProxy.attach
 
