@@ -192,6 +192,48 @@ def _field_values() -> st.SearchStrategy[Any]:
     return st.one_of(st.lists(STRINGS, max_size=3), STRINGS, STRINGS, SCALARS, _values(2))
 
 
+# Values shaped like what each kind of field takes, so that a bad one gets past the type
+# check and into the code that interprets it (paths, sizes, host names).
+PATHS = st.one_of(
+    st.text(alphabet="a/.~_\x00-", max_size=40),
+    st.builds(
+        lambda unit, n: unit * n,
+        st.sampled_from(["a", "a/", "../", "x/" * 8]),
+        st.integers(0, 3000),
+    ),
+    st.builds(lambda n: "p" * n, st.integers(200, 5000)),  # past NAME_MAX and PATH_MAX
+)
+SIZES = st.one_of(
+    st.from_regex(r"\A[0-9]{1,500}(\.[0-9]{1,5})? ?([KMGT]i?B?|B)?\Z"),
+    st.integers(-(2**70), 2**70),
+    st.builds(
+        lambda n, tail: "9" * n + tail, st.integers(250, 500), st.sampled_from(["", ".5", "GiB"])
+    ),
+)
+HOSTS = st.one_of(
+    st.from_regex(r"\A[a-zA-Z0-9.*:\[\]_/-]{0,40}\Z"),
+    st.text(max_size=20),
+    st.sampled_from(INTERESTING_STRINGS),
+)
+TYPED: dict[tuple[str, str], st.SearchStrategy[Any]] = {
+    ("filesystem", "workspace"): PATHS,
+    ("filesystem", "read"): st.lists(PATHS, max_size=3),
+    ("filesystem", "write"): st.lists(PATHS, max_size=3),
+    ("filesystem", "deny"): st.lists(PATHS, max_size=3),
+    ("filesystem", "protect"): st.lists(PATHS, max_size=3),
+    ("limits", "memory"): SIZES,
+    ("limits", "file_size"): SIZES,
+    ("limits", "pids"): SIZES,
+    ("limits", "cpu_seconds"): SIZES,
+    ("limits", "wall_seconds"): st.one_of(SIZES, st.floats()),
+    ("network", "allow"): st.lists(HOSTS, max_size=3),
+    ("network", "deny"): st.lists(HOSTS, max_size=3),
+    ("network", "hosts"): st.dictionaries(HOSTS, HOSTS, max_size=3),
+    ("network", "tls"): st.fixed_dictionaries({"upstream_ca": PATHS}),
+    ("labels", "secret_files"): st.lists(PATHS, max_size=3),
+}
+
+
 @st.composite
 def policies(draw: st.DrawFn) -> dict[str, Any]:
     """A raw policy table: a valid one with a few fields set to anything.
@@ -222,8 +264,8 @@ def policies(draw: st.DrawFn) -> dict[str, Any]:
                 )
                 | _values(1)
             )
-        elif (section, key) == ("network", "hosts"):
-            table[key] = draw(st.dictionaries(STRINGS, STRINGS, max_size=3) | _values(1))
+        elif (section, key) in TYPED and draw(st.integers(0, 3)) > 0:
+            table[key] = draw(TYPED[section, key])
         else:
             table[key] = draw(_field_values())
     if draw(st.integers(0, 4)) == 0:
