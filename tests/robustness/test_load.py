@@ -171,3 +171,75 @@ def test_fifty_sandboxes_at_once(world: World, monkeypatch: pytest.MonkeyPatch) 
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(private_tmp) not in mounts
     assert _fds() <= fds_before
+
+
+@pytest.mark.parametrize(
+    "shared",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=False,  # a race: usually lost with 50 runs, not always
+                reason="runtime/enforce: concurrent runs in one workspace remove each other's "
+                "protected-path placeholders (.gitmodules, .claude, .mcp.json, stockade.toml): "
+                "bwrap 'Can't find source path', or the loader reads a vanishing "
+                "stockade.toml (reported)",
+            ),
+        ),
+    ],
+    ids=["own-workspaces", "one-workspace"],
+)
+def test_fifty_cli_sandboxes_at_once_without_cgroups(world: World, shared: bool) -> None:
+    """50 ``stockade run`` processes at once, limits layer off (no cgroup, so no sweep race):
+    all succeed, nothing of them survives, no scratch directory or mount is left."""
+    import subprocess
+    import sys
+
+    private_tmp = world.root / "tmp"
+    private_tmp.mkdir()
+    env = dict(world.env, TMPDIR=str(private_tmp))
+    marker = f"{world.canary}-cli50"
+    workspaces = []
+    for i in range(RUNS):
+        ws = world.workspace if shared else world.root / f"ws{i}"
+        ws.mkdir(exist_ok=True)
+        workspaces.append(ws)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stockade",
+                "run",
+                "--disable",
+                "limits",
+                "--",
+                "sh",
+                "-c",
+                f"sh -c 'sleep 30' {marker} & echo {i}",
+            ],
+            cwd=workspaces[i],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(RUNS)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    failed = [e for p, (_, e) in zip(procs, outs, strict=True) if p.returncode != 0]
+    assert failed == [], f"{len(failed)} of {RUNS} failed: {sorted(set(failed))[:3]}"
+    assert [o.strip() for o, _ in outs] == [str(i) for i in range(RUNS)]
+    time.sleep(0.3)
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    alive.append(entry.name)
+            except OSError:
+                continue
+    assert alive == []
+    assert os.listdir(private_tmp) == []
+    assert str(world.root) not in Path("/proc/self/mountinfo").read_text()
