@@ -313,6 +313,8 @@ REGRESSIONS = [
     '[network.tls]\nupstream_ca = "a\\u0000b"\n',
     '[secrets.K]\nfrom = "file:/a\\u0000b"\nhosts = ["a.test"]\n[network]\nallow = ["a.test"]\n',
     '[network]\nhosts = { ".." = "127.0.0.1" }\n',  # accepted, then refused at run time
+    '[limits]\nfile_size = "0Gi"\n',  # KeyError (found by the slow fuzz test)
+    '[limits]\nmemory = "4Gi"\n',
 ]
 
 
