@@ -9,6 +9,7 @@ whether the variant is in the request or in the rule.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 
 import pytest
@@ -191,3 +192,18 @@ def test_variant_spelling_in_a_rule_matches_like_the_canonical(
 def test_known_spellings(spelling: str, canonical: str) -> None:
     assert normalize_host(spelling) == canonical
     assert RULES.check_name(normalize_host(spelling), 443) == RULES.check_name(canonical, 443)
+
+
+@pytest.mark.slow
+@settings(max_examples=10000, deadline=None)
+@given(pair=spellings(), raw=st.text(max_size=80), port=st.sampled_from([80, 443, 8080]))
+def test_hosts_many(pair: tuple[str, str], raw: str, port: int) -> None:
+    count_example("hosts: variants + idempotence (slow)")
+    canonical, variant = pair
+    with contextlib.suppress(ValueError):
+        host = normalize_host(variant)
+        assert host == canonical, (variant, host)
+        assert RULES.check_name(host, port) == RULES.check_name(canonical, port)
+    with contextlib.suppress(ValueError):
+        once = normalize_host(raw)
+        assert normalize_host(once) == once
