@@ -177,6 +177,17 @@ def _resolve_arg(path: Path | str, base: Path, name: str) -> Path:
         raise PolicyError(f"{name}: {str(path)[:80]!r}: not a usable path ({exc})") from None
 
 
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1e``, ``\\u2028``).
+
+    Values and key names from a policy end up in a one-line error on a terminal: a line
+    break would split it, an escape sequence would reach the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class _Validator:
     """Checks one file's raw TOML against the schema and converts values."""
 
@@ -184,10 +195,10 @@ class _Validator:
         self.source = source
 
     def fail(self, key: str, value: object, problem: str) -> PolicyError:
-        shown = repr(value) if not isinstance(value, str) else f'"{value}"'
+        shown = repr(value) if not isinstance(value, str) else f'"{one_line(value)}"'
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        return PolicyError(f"{self.source}: {key}: {shown}: {problem}")
+        return PolicyError(f"{self.source}: {one_line(key)}: {one_line(shown)}: {problem}")
 
     def check_shape(self, raw: Mapping[str, Any]) -> None:
         for name, value in raw.items():
@@ -279,7 +290,7 @@ def _check_host_pattern(text: str, key: str, source: str) -> None:
     try:
         parse_pattern(text)
     except ValueError as exc:
-        raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
+        raise PolicyError(f'{source}: {one_line(key)}: "{one_line(text)}": {exc}') from None
 
 
 def _build(
