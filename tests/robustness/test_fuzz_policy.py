@@ -291,6 +291,8 @@ def _accepts_or_policy_error(text: str) -> Policy | None:
     except PolicyError as exc:
         message = str(exc)
         assert message.startswith("fuzz.toml: "), message
+        # One line on a terminal: no line break, no escape sequence from the policy.
+        assert message.isprintable(), repr(message)
         return None
     assert isinstance(policy, Policy)
     # What the loader accepts, the runtime can use: no error deferred to the run.
@@ -315,6 +317,10 @@ REGRESSIONS = [
     '[network]\nhosts = { ".." = "127.0.0.1" }\n',  # accepted, then refused at run time
     '[limits]\nfile_size = "0Gi"\n',  # KeyError (found by the slow fuzz test)
     '[limits]\nmemory = "4Gi"\n',
+    '[env]\npass = "\\u001e"\n',  # a raw control character split the one-line error
+    '[env.set]\n"A\\nB" = "x"\n',
+    '[network]\nallow = ["a\\u2028b"]\n',
+    '[network]\nallow = ["\\u001b[2J"]\n',
 ]
 
 
