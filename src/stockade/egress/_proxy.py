@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -59,6 +60,20 @@ class Interceptor(Protocol):
 
 
 _READ = 64 * 1024
+#: accept() errors that pass: too many files, no memory, a client gone before accept
+_TRANSIENT_ACCEPT = frozenset(
+    {
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOBUFS,
+        errno.ENOMEM,
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.EPERM,
+        errno.EINTR,
+        errno.EAGAIN,
+    }
+)
 _UPSTREAM_READ = 256 * 1024
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
@@ -254,6 +269,13 @@ class EgressProxy:
             except OSError as exc:
                 if self.closed:
                     return
+                if exc.errno not in _TRANSIENT_ACCEPT:
+                    # The listener itself is broken (shut down, closed under us): no
+                    # connection will ever be accepted again. Fail, so that the caller
+                    # reports it (proxy_failed), rather than warn 20 times a second.
+                    raise SandboxError(
+                        f"the proxy's listener failed: {exc.strerror or exc}"
+                    ) from exc
                 # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
                 # connection waits in the backlog.
                 logger.warning("egress: accept failed: %s", exc.strerror or exc)

@@ -71,7 +71,7 @@ def load_policy(
         PolicyError: the file is missing, not TOML, or a key or value is wrong.
     """
     cwd = Path.cwd()
-    ws_override = _resolve(workspace, cwd) if workspace is not None else None
+    ws_override = _resolve_arg(workspace, cwd, "--workspace") if workspace is not None else None
     if path is not None:
         if not _is_file(path):
             raise PolicyError(f"{path}: no such policy file; check the --policy argument")
@@ -119,7 +119,11 @@ def parse_policy_text(
         raise PolicyError(f"{source}: not valid TOML: {exc}") from exc
     cwd = Path.cwd()
     return _build(
-        raw, source, base=None, cwd=cwd, ws_override=_resolve(workspace, cwd) if workspace else None
+        raw,
+        source,
+        base=None,
+        cwd=cwd,
+        ws_override=_resolve_arg(workspace, cwd, "workspace") if workspace else None,
     )
 
 
@@ -129,6 +133,8 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except PermissionError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}; fix its permissions") from exc
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -153,11 +159,39 @@ def _spelled(path: Path | str, base: Path) -> Path:
 
 
 def _resolve(path: Path | str, base: Path) -> Path:
-    """Absolute, ``~``-expanded, symlink- and ``..``-free form of ``path``."""
+    """Absolute, ``~``-expanded, symlink- and ``..``-free form of ``path``.
+
+    Raises ValueError (with the reason) for a path the system cannot even look up: a NUL
+    character, a name too long, a symlink loop.
+    """
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute():
         p = base / p
-    return p.resolve()
+    try:
+        return p.resolve()
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _resolve_arg(path: Path | str, base: Path, name: str) -> Path:
+    """:func:`_resolve` for a command-line or API argument: a PolicyError naming it."""
+    try:
+        return _resolve(path, base)
+    except ValueError as exc:
+        raise PolicyError(f"{name}: {str(path)[:80]!r}: not a usable path ({exc})") from None
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1e``, ``\\u2028``).
+
+    Values and key names from a policy end up in a one-line error on a terminal: a line
+    break would split it, an escape sequence would reach the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 class _Validator:
@@ -167,10 +201,10 @@ class _Validator:
         self.source = source
 
     def fail(self, key: str, value: object, problem: str) -> PolicyError:
-        shown = repr(value) if not isinstance(value, str) else f'"{value}"'
+        shown = repr(value) if not isinstance(value, str) else f'"{one_line(value)}"'
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        return PolicyError(f"{self.source}: {key}: {shown}: {problem}")
+        return PolicyError(f"{self.source}: {one_line(key)}: {one_line(shown)}: {problem}")
 
     def check_shape(self, raw: Mapping[str, Any]) -> None:
         for name, value in raw.items():
@@ -242,6 +276,13 @@ class _Validator:
             )
         return size
 
+    def path(self, key: str, value: str, base: Path) -> Path:
+        """``value`` resolved against ``base``; a path the system refuses is a policy error."""
+        try:
+            return _resolve(value, base)
+        except ValueError as exc:
+            raise self.fail(key, value, f"not a usable path ({exc})") from None
+
     def boolean(self, key: str, value: object) -> bool:
         if not isinstance(value, bool):
             raise self.fail(key, value, "expected true or false")
@@ -255,7 +296,7 @@ def _check_host_pattern(text: str, key: str, source: str) -> None:
     try:
         parse_pattern(text)
     except ValueError as exc:
-        raise PolicyError(f'{source}: {key}: "{text}": {exc}') from None
+        raise PolicyError(f'{source}: {one_line(key)}: "{one_line(text)}": {exc}') from None
 
 
 def _build(
@@ -306,7 +347,9 @@ def _build(
         fs = extend(fs, "read", grant.read)
         env = extend(env, "pass", grant.env)
         if "rules" in SCHEMA["network"]:
-            net = {**net, "rules": [*net.get("rules", []), *grant.rules]}
+            if isinstance(net.get("rules", []), list):
+                net = {**net, "rules": [*net.get("rules", []), *grant.rules]}
+            # else: left for the validator below to reject with its message
         elif grant.rules:
             notes.append(
                 "presets: request rules (such as refusing git push) need network.rules of "
@@ -322,10 +365,10 @@ def _build(
     else:
         spelled = fs.get("workspace", ".")
         ws_base = base.filesystem.workspace if base is not None else cwd
-        workspace = _resolve(spelled, ws_base)
+        workspace = v.path("filesystem.workspace", spelled, ws_base)
         if _spelled(spelled, ws_base) != workspace:
             notes.append(f"filesystem.workspace: {spelled} resolves to {workspace}")
-    if not workspace.is_dir():
+    if not os.path.isdir(workspace):
         raise v.fail(
             "filesystem.workspace", str(workspace), "not a directory; create it or fix the path"
         )
@@ -345,7 +388,7 @@ def _build(
     def paths(key: str) -> tuple[Path, ...]:
         out: list[Path] = []
         for i, item in enumerate(v.strs(f"filesystem.{key}", fs.get(key, []))):
-            resolved = _resolve(item, workspace)
+            resolved = v.path(f"filesystem.{key}[{i}]", item, workspace)
             if _spelled(item, workspace) != resolved:
                 where = " (inside your home directory)" if home in resolved.parents else ""
                 notes.append(f"filesystem.{key}[{i}]: {item} resolves to {resolved}{where}")
@@ -422,7 +465,15 @@ def _build(
         for i, item in enumerate(items):
             _check_host_pattern(item, f"{key}[{i}]", source)
     hosts = v.str_map("network.hosts", net.get("hosts", {}))
+    from stockade.policy._hosts import normalize_host  # idna: only when hosts are pinned
+
     for name, addr in hosts.items():
+        try:
+            # The proxy looks pins up by the canonical spelling: a name it cannot
+            # normalise would be refused only when a run starts.
+            normalize_host(name)
+        except ValueError as exc:
+            raise v.fail(f"network.hosts.{name}", name, f"not a host name: {exc}") from None
         try:
             ipaddress.ip_address(addr)
         except ValueError:
@@ -714,8 +765,8 @@ def _inspect_block(
             raise v.fail(
                 "network.tls.upstream_ca", tls["upstream_ca"], "expected a path to a PEM file"
             )
-        upstream_ca = _resolve(tls["upstream_ca"], cwd)
-        if not upstream_ca.is_file():
+        upstream_ca = v.path("network.tls.upstream_ca", tls["upstream_ca"], cwd)
+        if not os.path.isfile(upstream_ca):
             raise v.fail(
                 "network.tls.upstream_ca", tls["upstream_ca"], "no such file; give a PEM CA file"
             )
@@ -747,7 +798,7 @@ def _inspect_block(
                 raise v.fail(
                     f"{key}.from", source, 'give an absolute or ~ path, e.g. "file:~/.config/key"'
                 )
-            source = "file:" + str(_resolve(ref, cwd))
+            source = "file:" + str(v.path(f"{key}.from", ref, cwd))
         hosts = v.strs(f"{key}.hosts", table.get("hosts", []))
         if not hosts:
             raise v.fail(f"{key}.hosts", [], "list the hosts the secret may be sent to")

@@ -28,7 +28,7 @@ from typing import Any
 
 from stockade._exceptions import PolicyError
 from stockade._record import field, record, replace
-from stockade.policy._load import _check_host_pattern, parse_policy_text
+from stockade.policy._load import _check_host_pattern, one_line, parse_policy_text
 from stockade.policy._model import Policy
 
 _GLOB_CHARS = frozenset("*?[")
@@ -72,10 +72,10 @@ class SrtTranslation:
 
 
 def _fail(source: str, key: str, value: object, problem: str) -> PolicyError:
-    shown = json.dumps(value, ensure_ascii=False)
+    shown = one_line(json.dumps(value, ensure_ascii=False))
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    return PolicyError(f"{source}: {key}: {shown}: {problem}")
+    return PolicyError(f"{source}: {one_line(key)}: {shown}: {problem}")
 
 
 def _str_list(source: str, key: str, value: object) -> list[str]:

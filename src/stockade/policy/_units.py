@@ -11,15 +11,19 @@ _FACTORS = {
     "K": 1024,
     "KB": 1000,
     "KIB": 1024,
+    "KI": 1024,  # "4Gi", as Kubernetes writes it; the pattern above accepts it
     "M": 1024**2,
     "MB": 1000**2,
     "MIB": 1024**2,
+    "MI": 1024**2,  # "4Gi", as Kubernetes writes it; the pattern above accepts it
     "G": 1024**3,
     "GB": 1000**3,
     "GIB": 1024**3,
+    "GI": 1024**3,  # "4Gi", as Kubernetes writes it; the pattern above accepts it
     "T": 1024**4,
     "TB": 1000**4,
     "TIB": 1024**4,
+    "TI": 1024**4,  # "4Gi", as Kubernetes writes it; the pattern above accepts it
 }
 
 
@@ -44,7 +48,11 @@ def parse_size(value: int | str) -> int:
         raise ValueError("expected a size such as 512MiB, 4GiB or a number of bytes")
     number, unit = match.groups()
     factor = _FACTORS[(unit or "").upper()]
-    return int(float(number) * factor)
+    size = float(number) * factor
+    if size >= 2**63:
+        # Also catches inf: float("9" * 400) does not raise, int() of it would.
+        raise ValueError("too large; a size is less than 8EiB")
+    return int(size)
 
 
 def format_size(size: int) -> str:
