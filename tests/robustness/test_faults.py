@@ -147,11 +147,6 @@ def test_sigkill_mid_run_with_proxy(world: World, origin: int) -> None:
     assert all(not name.startswith("stockade-") or name in left for name in os.listdir(tmp))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime: the scratch directory of a SIGKILLed run (TMPDIR/stockade-XXXX, empty) "
-    "is never removed; no sweep exists for it (reported)",
-)
 def test_sigkill_leaves_no_scratch_dir_after_next_run(world: World, origin: int) -> None:
     tmp = world.root / "tmp"
     tmp.mkdir()
@@ -366,11 +361,6 @@ def test_bwrap_env_pointing_nowhere_refuses(world: World) -> None:
     _refused(proc, marker)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/_host.find_bwrap: STOCKADE_BWRAP=/nonexistent is used unchecked; the "
-    "refusal says 'cannot start /nonexistent' without naming the fix (reported)",
-)
 def test_bwrap_env_pointing_nowhere_names_the_fix(world: World) -> None:
     proc = world.stockade("run", "--", "true", env=dict(world.env, STOCKADE_BWRAP="/nonexistent"))
     assert "STOCKADE_BWRAP" in proc.stderr or "install" in proc.stderr
@@ -435,11 +425,6 @@ def test_bad_cli_invocation(world: World, args: tuple[str, ...]) -> None:
     assert not marker.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/run.py: --timeout nan passes the 'must be positive' check (nan <= 0 is "
-    "False) and the run goes ahead with no timeout (reported)",
-)
 def test_timeout_nan_is_refused(world: World) -> None:
     proc = world.stockade("run", "--timeout", "nan", "--", "true")
     assert proc.returncode == 2

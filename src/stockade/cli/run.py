@@ -78,7 +78,7 @@ def execute(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.timeout is not None and args.timeout <= 0:
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
         print(
             f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds",
             file=sys.stderr,

@@ -84,9 +84,10 @@ def load_policy(
         else:
             base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override)
         ws_file = base.filesystem.workspace / WORKSPACE_POLICY
-        if _is_file(ws_file):
+        ws_raw = _read_if_present(ws_file)
+        if ws_raw is not None:
             policy = _build(
-                _read(ws_file),
+                ws_raw,
                 str(ws_file),
                 base=base,
                 cwd=cwd,
@@ -135,6 +136,19 @@ def _is_file(path: Path) -> bool:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}; fix its permissions") from exc
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _read_if_present(path: Path) -> dict[str, Any] | None:
+    """The workspace policy, or None when there is none (also when it vanishes between
+    the look and the read: a concurrent run's placeholder may come and go)."""
+    if not _is_file(path):
+        return None
+    try:
+        return _read(path)
+    except PolicyError:
+        if not path.exists():
+            return None
+        raise
 
 
 def _read(path: Path) -> dict[str, Any]:

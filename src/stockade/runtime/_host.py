@@ -33,12 +33,20 @@ def find_bwrap() -> str | None:
     A bwrap inside the current directory is refused: a workspace could plant one.
     """
     explicit = os.environ.get("STOCKADE_BWRAP")
-    candidate = explicit or shutil.which("bwrap")
+    if explicit:
+        # Named by the user: used if it is an executable file, else treated as missing
+        # (require_bwrap then names the variable in its fix).
+        return (
+            str(Path(explicit).resolve())
+            if os.access(explicit, os.X_OK) and os.path.isfile(explicit)
+            else None
+        )
+    candidate = shutil.which("bwrap")
     if not candidate:
         return None
     real = Path(candidate).resolve()
     cwd = Path.cwd().resolve()
-    if not explicit and (real == cwd or cwd in real.parents):
+    if real == cwd or cwd in real.parents:
         return None
     return str(real)
 
@@ -47,6 +55,12 @@ def require_bwrap() -> str:
     """The bwrap path, or :class:`Unavailable` naming the fix."""
     path = find_bwrap()
     if path is None:
+        explicit = os.environ.get("STOCKADE_BWRAP")
+        if explicit:
+            raise Unavailable(
+                f"bubblewrap at STOCKADE_BWRAP={explicit}",
+                "point STOCKADE_BWRAP at an executable bwrap, or unset it to use the one on PATH",
+            )
         raise Unavailable(
             "bubblewrap (bwrap)",
             "install it: sudo apt-get install bubblewrap (or: stockade doctor)",
