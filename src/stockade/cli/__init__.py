@@ -7,13 +7,17 @@ and ``stockade run`` imports only what running needs (the CLI has a start-up bud
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from stockade._exceptions import EXIT_STOCKADE_ERROR, StockadeError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
 #: verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -39,6 +43,8 @@ PROG = "stockade"
 
 
 def _top_parser() -> argparse.ArgumentParser:
+    import argparse
+
     verbs = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in VERBS.items())
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -49,6 +55,14 @@ def _top_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    return parser
+
+
+def _parser(verb: str, help_: str, module: Any) -> argparse.ArgumentParser:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"{PROG} {verb}", description=help_)
+    module.add_arguments(parser)
     return parser
 
 
@@ -74,10 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name, help_ = VERBS[verb]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"{PROG} {verb}", description=help_)
-    module.add_arguments(parser)
     try:
-        ns = parser.parse_args(args[1:])
+        # A verb on the hot path may parse the common case itself (argparse costs about
+        # 15 ms to import); anything it does not understand goes to argparse, which
+        # explains errors and prints help.
+        fast = getattr(module, "fast_parse", None)
+        ns = fast(args[1:]) if fast is not None else None
+        if ns is None:
+            ns = _parser(verb, help_, module).parse_args(args[1:])
         code: int = module.execute(ns)
     except StockadeError as exc:
         error(str(exc))

@@ -2,15 +2,82 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from stockade.policy import LAYERS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+#: option -> (attribute, conversion); the same options add_arguments declares
+_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--policy": ("policy", Path),
+    "--srt-settings": ("srt_settings", Path),
+    "--workspace": ("workspace", Path),
+    "--audit": ("audit", Path),
+    "--timeout": ("timeout", float),
+}
+_LISTS = {"--allow-host": "allow_host", "--disable": "disable"}
+
+
+def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
+    """Parse the common forms of ``run``'s arguments without argparse, or return None.
+
+    None (for ``--help``, an unknown option, a missing or bad value, no command) sends
+    the arguments to argparse, which gives the error or the help; for everything it
+    accepts, the result equals argparse's (tests/cli/test_run_args.py checks that).
+    """
+    ns: dict[str, Any] = {
+        "policy": None,
+        "srt_settings": None,
+        "workspace": None,
+        "audit": None,
+        "timeout": None,
+        "allow_host": [],
+        "disable": [],
+        "command": [],
+    }
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            ns["command"] = list(argv[i:])
+            return SimpleNamespace(**ns) if len(argv) > i + 1 else None
+        name, eq, value = arg.partition("=")
+        if name in _VALUES or name in _LISTS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    return None
+                i += 1
+                value = argv[i]
+            if name in _VALUES:
+                key, convert = _VALUES[name]
+                try:
+                    ns[key] = convert(value)
+                except ValueError:
+                    return None
+            elif name == "--disable" and value not in LAYERS:
+                return None
+            else:
+                ns[_LISTS[name]].append(value)
+            i += 1
+            continue
+        if arg.startswith("-"):
+            return None
+        ns["command"] = list(argv[i:])
+        return SimpleNamespace(**ns)
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``run``."""
+    import argparse
+
     parser.usage = "stockade run [OPTIONS] -- COMMAND [ARGS...]"
     parser.add_argument(
         "--policy",
@@ -62,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def execute(args: argparse.Namespace) -> int:
+def execute(args: argparse.Namespace | SimpleNamespace) -> int:
     """Run the command; return its exit code (or stockade's own, see DESIGN §4 rule 11)."""
     from stockade._record import replace
     from stockade.policy import load_policy

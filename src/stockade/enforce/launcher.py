@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
 import os
 import stat
 import subprocess
 from pathlib import Path
 
 from stockade._exceptions import SandboxError, Unavailable
+from stockade._hash import sha256_hex
 from stockade._record import record
 
 __all__ = [
@@ -156,7 +156,7 @@ def launcher_path() -> Path:
     the binary is self-contained, and asking ``cc --version`` on every run would cost more
     than the whole launcher does.
     """
-    digest = hashlib.sha256(_source()).hexdigest()[:16]
+    digest = sha256_hex(_source())[:16]
     return _cache_dir() / f"launcher-{digest}"
 
 

@@ -479,9 +479,9 @@ def _build(
         for i, item in enumerate(items):
             _check_host_pattern(item, f"{key}[{i}]", source)
     hosts = v.str_map("network.hosts", net.get("hosts", {}))
-    from stockade.policy._hosts import normalize_host  # idna: only when hosts are pinned
-
     for name, addr in hosts.items():
+        from stockade.policy._hosts import normalize_host  # idna: only when hosts are pinned
+
         try:
             # The proxy looks pins up by the canonical spelling: a name it cannot
             # normalise would be refused only when a run starts.

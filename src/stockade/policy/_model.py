@@ -7,11 +7,11 @@ re-interprets a spelling.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from stockade._hash import sha256_hex
 from stockade._record import asdict, field, fields, record
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -260,4 +260,4 @@ class Policy:
     def digest(self) -> str:
         """A stable hash of the effective policy, recorded in every ``run_start`` event."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
+        return "sha256:" + sha256_hex(blob)

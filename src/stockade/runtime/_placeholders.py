@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from stockade._hash import sha256_hex
 from stockade.enforce import paths
 
 _SHARED = "placeholders"
 
 
 def _registry(state_dir: Path, workspace: Path) -> Path:
-    digest = hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
+    digest = sha256_hex(str(workspace).encode())[:16]
     path = state_dir / "workspaces" / digest
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path

@@ -14,11 +14,9 @@ import functools
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -130,12 +128,14 @@ def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> 
     if "/" in cmd:
         path = cmd if os.path.isabs(cmd) else str(cwd / cmd)
         return path if os.path.exists(path) else None
+    import shutil
+
     return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
 
 
 def _sweep_leftovers() -> None:
     """Remove the scratch directories of stockade processes that are gone."""
-    base = Path(tempfile.gettempdir())
+    base = _temp_base()
     try:
         entries = [e for e in os.scandir(base) if e.name.startswith("stockade-")]
     except OSError:
@@ -151,7 +151,28 @@ def _sweep_leftovers() -> None:
             pass
         except PermissionError:
             continue  # another user's
+        import shutil
+
         shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _temp_base() -> Path:
+    """Where scratch directories go: ``$TMPDIR``, else /tmp (tempfile costs ~10 ms)."""
+    return Path(os.environ.get("TMPDIR") or "/tmp")
+
+
+def _remove_tree(path: Path) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` without importing shutil (~5 ms)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+        for name in dirs:
+            full = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                os.unlink(full) if os.path.islink(full) else os.rmdir(full)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 @contextlib.contextmanager
@@ -162,11 +183,18 @@ def _scratch() -> Iterator[Path]:
     process named in it is gone (placeholders: see :mod:`._placeholders`).
     """
     _sweep_leftovers()
-    path = Path(tempfile.mkdtemp(prefix=f"stockade-{os.getpid()}-"))
+    base = _temp_base()
+    while True:
+        path = base / f"stockade-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            path.mkdir(mode=0o700)
+            break
+        except FileExistsError:
+            continue
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_tree(path)
 
 
 def execute(request: RunRequest) -> RunResult:
