@@ -42,7 +42,9 @@ def host_responsive(seconds: float = 2.0) -> bool:
 # RES-01/02: fork and thread bombs against pids.max; the limit is per sandbox.
 
 BOMBS = {
-    "bash": "bash -c ':(){ :|:& };:' {m}",
+    # The bomb's own shell stays (sleep): otherwise it exits at once, the run ends, and
+    # the PID namespace takes the whole bomb with it before it meets the cap.
+    "bash": "bash -c ':(){ :|:& };:; sleep 5' {m}",
     "python-fork": "python3 -c $'import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass' {m}",
     "python-threads": (
         "python3 -c $'import threading,time\\nwhile True:\\n    try: threading.Thread("
