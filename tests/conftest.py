@@ -55,6 +55,31 @@ def bwrap_works() -> bool:
     return proc.returncode == 0
 
 
+@pytest.fixture
+def ok_server() -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 answering every GET with "ok"; yields its port."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="session")
 def kernel() -> None:
     """Require bubblewrap with user namespaces."""

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
-import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -74,32 +71,11 @@ def test_unknown_layer_is_refused(world: World) -> None:
         stockade.run(["true"], workspace=world.workspace, disable=["walls"], env=world.env)
 
 
-@pytest.fixture
-def local_server() -> Iterator[int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_sandbox_runs_many_commands_with_one_proxy(world: World, local_server: int) -> None:
+def test_sandbox_runs_many_commands_with_one_proxy(world: World, ok_server: int) -> None:
     (world.root / "p.toml").write_text(
         '[network]\nallow = ["local.test"]\nhosts = { "local.test" = "127.0.0.1" }\n'
     )
-    url = f"http://local.test:{local_server}/"
+    url = f"http://local.test:{ok_server}/"
     with stockade.Sandbox(world.root / "p.toml", workspace=world.workspace, env=world.env) as sb:
         ids = set()
         for _ in range(3):
@@ -108,7 +84,7 @@ def test_sandbox_runs_many_commands_with_one_proxy(world: World, local_server: i
             ids.add(r.run_id)
             assert any(e["event"] == "net_connect" and e["verdict"] == "allow" for e in r.events)
         denied = sb.run(
-            ["curl", "-fsS", "-m", "5", f"http://evil.test:{local_server}/"],
+            ["curl", "-fsS", "-m", "5", f"http://evil.test:{ok_server}/"],
             capture_output=True,
             text=True,
         )

@@ -27,6 +27,7 @@ import trustme
 from stockade.egress import EgressProxy, EgressRules
 from stockade.egress._addr import IPAddress
 from stockade.policy import Decision
+from tests.conftest import require
 
 TIMEOUT = 5.0
 
@@ -199,7 +200,7 @@ def origin6() -> Iterator[RecordingHTTPServer]:
     try:
         server = RecordingHTTPServer(("::1", 0), socket.AF_INET6)
     except OSError as exc:
-        pytest.skip(f"no IPv6 loopback: {exc}")
+        require(False, f"no IPv6 loopback: {exc}")
     _serve(server)
     yield server
     server.shutdown()

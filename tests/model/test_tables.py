@@ -29,7 +29,7 @@ def _design() -> Path | None:
 def test_docstring_table_in_sync_with_design() -> None:
     design = _design()
     if design is None:
-        pytest.skip("shared/DESIGN.md not beside this checkout")
+        pytest.skip(reason="shared/DESIGN.md is not beside this checkout (CI lays it there)")
     table = [
         line.split("|")[1].strip().strip("`")
         for line in design.read_text().splitlines()

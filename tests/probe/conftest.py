@@ -9,48 +9,13 @@ import subprocess
 import pytest
 
 from stockade.probe._runner import Report, probe
-
-MUST_WORK = os.environ.get("STOCKADE_MUST_WORK") == "1"
-
-
-def require(ok: bool, reason: str) -> None:
-    """Skip without the feature; fail instead under STOCKADE_MUST_WORK=1."""
-    if ok:
-        return
-    if MUST_WORK:
-        pytest.fail(f"required feature missing under STOCKADE_MUST_WORK=1: {reason}")
-    pytest.skip(reason)
-
-
-def _bwrap_works() -> bool:
-    bwrap = shutil.which("bwrap")
-    if not bwrap:
-        return False
-    proc = subprocess.run(
-        [
-            bwrap,
-            "--unshare-user",
-            "--unshare-pid",
-            "--unshare-net",
-            "--disable-userns",
-            "--ro-bind",
-            "/",
-            "/",
-            "--proc",
-            "/proc",
-            "--",
-            "/bin/true",
-        ],
-        capture_output=True,
-        check=False,
-    )
-    return proc.returncode == 0
+from tests.conftest import bwrap_works, require
 
 
 @pytest.fixture(scope="session")
 def seed_report() -> Report:
     """The seed scenario over every subset this build can enforce (costs not measured)."""
-    require(_bwrap_works(), "bubblewrap with unprivileged user namespaces is not available")
+    require(bwrap_works(), "bubblewrap with unprivileged user namespaces is not available")
     return probe("seed", cost_repeat=0)
 
 

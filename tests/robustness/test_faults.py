@@ -8,7 +8,6 @@ traceback. Where something is left behind, the test says what.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +27,6 @@ from stockade.runtime import _egress, _host
 from tests.conftest import World, as_nobody
 
 pytestmark = pytest.mark.usefixtures("kernel")
-
-
-@pytest.fixture
-def origin() -> Iterator[int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _policy(world: World) -> Path:
@@ -82,14 +59,14 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _kill_mid_run(world: World, origin: int, tmp: Path) -> tuple[str, list[str]]:
+def _kill_mid_run(world: World, ok_server: int, tmp: Path) -> tuple[str, list[str]]:
     """Start a run that used the proxy and holds two sleepers; SIGKILL the CLI.
 
     Returns the run id and the names in the private TMPDIR right after the kill.
     """
     marker = f"{world.canary}-kill"
     audit = world.root / "audit.jsonl"
-    url = f"http://local.test:{origin}/"
+    url = f"http://local.test:{ok_server}/"
     script = (
         f"python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=5).read()\"; "
         f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"
@@ -134,11 +111,11 @@ def _kill_mid_run(world: World, origin: int, tmp: Path) -> tuple[str, list[str]]
     return run_id, sorted(os.listdir(tmp))
 
 
-def test_sigkill_mid_run_with_proxy(world: World, origin: int) -> None:
+def test_sigkill_mid_run_with_proxy(world: World, ok_server: int) -> None:
     """Nothing of the sandbox survives; its cgroup goes with the next run."""
     tmp = world.root / "tmp"
     tmp.mkdir()
-    run_id, left = _kill_mid_run(world, origin, tmp)
+    run_id, left = _kill_mid_run(world, ok_server, tmp)
     proc = world.stockade("run", "--", "true", env=dict(world.env, TMPDIR=str(tmp)))
     assert proc.returncode == 0, proc.stderr
     # The killed run's cgroup is empty (its processes are dead) and swept by the next run.
@@ -147,10 +124,10 @@ def test_sigkill_mid_run_with_proxy(world: World, origin: int) -> None:
     assert all(not name.startswith("stockade-") or name in left for name in os.listdir(tmp))
 
 
-def test_sigkill_leaves_no_scratch_dir_after_next_run(world: World, origin: int) -> None:
+def test_sigkill_leaves_no_scratch_dir_after_next_run(world: World, ok_server: int) -> None:
     tmp = world.root / "tmp"
     tmp.mkdir()
-    _kill_mid_run(world, origin, tmp)
+    _kill_mid_run(world, ok_server, tmp)
     world.stockade("run", "--", "true", env=dict(world.env, TMPDIR=str(tmp)))
     assert [n for n in os.listdir(tmp) if n.startswith("stockade-")] == []
 
@@ -187,7 +164,7 @@ def _host_ip() -> str:
 
 
 def _run_and_break(
-    world: World, origin: int, monkeypatch: pytest.MonkeyPatch, how: str
+    world: World, ok_server: int, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     proxies: list[_egress.RunProxy] = []
     real_attach = _egress.RunProxy.attach
@@ -206,8 +183,8 @@ def _run_and_break(
                 "python3",
                 "-c",
                 PROBE,
-                f"http://local.test:{origin}/",
-                str(origin),
+                f"http://local.test:{ok_server}/",
+                str(ok_server),
                 str(go),
                 str(ready),
                 _host_ip(),
@@ -243,9 +220,9 @@ def _run_and_break(
 
 @pytest.mark.parametrize("how", ["close", "listener"])
 def test_proxy_gone_means_no_network(
-    world: World, origin: int, monkeypatch: pytest.MonkeyPatch, how: str
+    world: World, ok_server: int, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    seen, events = _run_and_break(world, origin, monkeypatch, how)
+    seen, events = _run_and_break(world, ok_server, monkeypatch, how)
     assert seen["before"] == 200
     assert seen["after"] != 200, seen
     assert seen["proxy_port"] != "open", seen
@@ -262,7 +239,7 @@ def test_proxy_gone_means_no_network(
 
 
 def test_proxy_task_failure_is_reported(
-    world: World, origin: int, monkeypatch: pytest.MonkeyPatch
+    world: World, ok_server: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The accept loop dies with an exception: no network, and ``proxy_failed`` in the audit."""
     from stockade.egress import EgressProxy
@@ -279,8 +256,8 @@ def test_proxy_task_failure_is_reported(
             "python3",
             "-c",
             PROBE,
-            f"http://local.test:{origin}/",
-            str(origin),
+            f"http://local.test:{ok_server}/",
+            str(ok_server),
             str(go),
             str(ready),
             _host_ip(),
