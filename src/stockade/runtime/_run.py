@@ -558,8 +558,34 @@ def _spawn(
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
         stdin = subprocess.PIPE
+    proc = _popen(argv, env, cwd, stdin, stdout, stderr, pass_fds)
+    if start is not None:
+        start.release(proc)
+    with _forwarding(proc, request.forward_signals, depth):
+        try:
+            out, err = proc.communicate(request.input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            out, err = proc.communicate()
+            return EXIT_TIMEOUT, True, out, err
+        except BaseException:
+            _kill_tree(proc)
+            raise
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
+
+
+def _popen(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    stdin: int | IO[Any] | None,
+    stdout: int | IO[Any] | None,
+    stderr: int | IO[Any] | None,
+    pass_fds: tuple[int, ...],
+) -> subprocess.Popen[bytes]:
+    """Start the sandbox's outermost process (bwrap, or the launcher without it)."""
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,
@@ -574,19 +600,6 @@ def _spawn(
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
-    if start is not None:
-        start.release(proc)
-    with _forwarding(proc, request.forward_signals, depth):
-        try:
-            out, err = proc.communicate(request.input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc)
-            out, err = proc.communicate()
-            return EXIT_TIMEOUT, True, out, err
-        except BaseException:
-            _kill_tree(proc)
-            raise
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
 
 
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -674,21 +687,11 @@ def _spawn_pty(
         slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
     )
     try:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=slave,
-            stdout=stdout_target,
-            stderr=stderr_target,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=pass_fds,
-        )
-    except OSError as exc:
+        proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
+    except SandboxError:
         os.close(master)
         os.close(slave)
-        raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+        raise
     os.close(slave)
     if start is not None:
         start.release(proc)
