@@ -21,7 +21,7 @@ import pytest
 
 from stockade._record import replace
 from stockade.enforce import landlock, seccomp
-from stockade.enforce.launcher import LauncherSpec, build_launcher, launcher_path, prepare
+from stockade.enforce.launcher import LauncherSpec, build_launcher, prepare
 
 MUST_WORK = os.environ.get("STOCKADE_MUST_WORK") == "1"
 NOBODY = 65534
@@ -101,7 +101,6 @@ def launcher_bin(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     cache = tmp_path_factory.mktemp("xdg-cache")
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache)
-    launcher_path.cache_clear()
     try:
         built = build_launcher()
         target = shared_dir / "stockade-launcher"
@@ -109,7 +108,6 @@ def launcher_bin(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         target.chmod(0o755)
         yield target
     finally:
-        launcher_path.cache_clear()
         if old is None:
             del os.environ["XDG_CACHE_HOME"]
         else:

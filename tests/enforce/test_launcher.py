@@ -54,52 +54,40 @@ def test_build_is_cached_private_and_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    launcher.launcher_path.cache_clear()
-    try:
-        first = launcher.build_launcher()
-        assert first.parent == tmp_path / "stockade"
-        assert first.name.startswith("launcher-")
-        assert len(first.name) == len("launcher-") + 16
-        assert stat.S_IMODE(first.parent.stat().st_mode) == 0o700
-        assert os.access(first, os.X_OK)
-        mtime = first.stat().st_mtime_ns
-        assert launcher.build_launcher() == first
-        assert first.stat().st_mtime_ns == mtime
-        # No temporary build directory is left behind.
-        assert [p.name for p in first.parent.iterdir()] == [first.name]
-    finally:
-        launcher.launcher_path.cache_clear()
+    first = launcher.build_launcher()
+    assert first.parent == tmp_path / "stockade"
+    assert first.name.startswith("launcher-")
+    assert len(first.name) == len("launcher-") + 16
+    assert stat.S_IMODE(first.parent.stat().st_mode) == 0o700
+    assert os.access(first, os.X_OK)
+    mtime = first.stat().st_mtime_ns
+    assert launcher.build_launcher() == first
+    assert first.stat().st_mtime_ns == mtime
+    # No temporary build directory is left behind.
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
 
 
 def test_untrusted_cached_binary_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    launcher.launcher_path.cache_clear()
-    try:
-        target = launcher.launcher_path()
-        target.parent.mkdir(mode=0o700, parents=True)
-        target.write_text("#!/bin/sh\necho planted\n")
-        target.chmod(0o777)  # world-writable: anyone could have planted it
-        built = launcher.build_launcher()
-        assert built == target
-        assert not built.read_bytes().startswith(b"#!")
-        assert stat.S_IMODE(built.stat().st_mode) == 0o700
-    finally:
-        launcher.launcher_path.cache_clear()
+    target = launcher.launcher_path()
+    target.parent.mkdir(mode=0o700, parents=True)
+    target.write_text("#!/bin/sh\necho planted\n")
+    target.chmod(0o777)  # world-writable: anyone could have planted it
+    built = launcher.build_launcher()
+    assert built == target
+    assert not built.read_bytes().startswith(b"#!")
+    assert stat.S_IMODE(built.stat().st_mode) == 0o700
 
 
 def test_no_compiler_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    launcher.launcher_path.cache_clear()
-    try:
-        with pytest.raises(Unavailable) as info:
-            launcher.build_launcher()
-        assert info.value.feature == "the inner launcher (a C compiler to build it)"
-        assert "apt-get install gcc" in info.value.fix
-    finally:
-        launcher.launcher_path.cache_clear()
+    with pytest.raises(Unavailable) as info:
+        launcher.build_launcher()
+    assert info.value.feature == "the inner launcher (a C compiler to build it)"
+    assert "apt-get install gcc" in info.value.fix
 
 
 def test_prepare_gives_a_sealed_memfd(launcher_bin: Path) -> None:

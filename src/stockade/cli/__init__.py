@@ -7,16 +7,15 @@ and ``stockade run`` imports only what running needs (the CLI has a start-up bud
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-from collections.abc import Sequence
 
 from stockade._exceptions import EXIT_STOCKADE_ERROR, StockadeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
     from typing import Any
 
 #: verb -> (module, one-line help)
@@ -37,6 +36,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
     "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
     "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
+    "server": ("stockade.cli.server", "keep a warm run server that makes 'run' start faster"),
 }
 
 PROG = "stockade"
@@ -82,11 +82,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"{PROG} {__version__}")
         return 0
+    if args[0] == "run" and os.environ.get("STOCKADE_SERVER") != "0":
+        # A warm run server of this user, when one runs and accepts this caller, saves
+        # the start-up; otherwise (None) the run happens here, under the same policy.
+        from stockade.cli import _client
+
+        served = _client.run(args)
+        if served is not None:
+            return served
+    return dispatch(args)
+
+
+def dispatch(args: list[str]) -> int:
+    """Run the verb ``args[0]`` in this process with the rest of ``args``; its exit code."""
     verb = args[0]
     if verb not in VERBS:
         error(f"unknown command {verb!r}; commands: {', '.join(VERBS)}")
         return 2
     module_name, help_ = VERBS[verb]
+    import importlib
+
     module = importlib.import_module(module_name)
     try:
         # A verb on the hot path may parse the common case itself (argparse costs about

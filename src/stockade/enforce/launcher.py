@@ -147,7 +147,6 @@ def _compiler() -> str:
     )
 
 
-@functools.cache
 def launcher_path() -> Path:
     """Return where the launcher for this source lives (built or not).
 
@@ -156,8 +155,14 @@ def launcher_path() -> Path:
     the binary is self-contained, and asking ``cc --version`` on every run would cost more
     than the whole launcher does.
     """
-    digest = sha256_hex(_source())[:16]
-    return _cache_dir() / f"launcher-{digest}"
+    return _cache_dir() / f"launcher-{_source_digest()}"
+
+
+@functools.cache
+def _source_digest() -> str:
+    # The source is fixed for the process; the cache directory is read from the
+    # environment on each call (a warm process may serve another environment).
+    return sha256_hex(_source())[:16]
 
 
 def _trusted(path: Path) -> bool:

@@ -26,7 +26,6 @@ class Check:
     fix: str = ""
 
 
-@functools.cache
 def find_bwrap() -> str | None:
     """The bubblewrap binary: ``$STOCKADE_BWRAP`` or the first ``bwrap`` on PATH.
 
@@ -41,14 +40,21 @@ def find_bwrap() -> str | None:
             if os.access(explicit, os.X_OK) and os.path.isfile(explicit)
             else None
         )
-    candidate = shutil.which("bwrap")
-    if not candidate:
+    real = _bwrap_on_path(os.environ.get("PATH"))
+    if real is None:
         return None
-    real = Path(candidate).resolve()
     cwd = Path.cwd().resolve()
     if real == cwd or cwd in real.parents:
         return None
     return str(real)
+
+
+# Keyed on the PATH it searched, not cached blindly: a warm process (a Sandbox, the run
+# server's workers) may be asked again with another environment.
+@functools.cache
+def _bwrap_on_path(path: str | None) -> Path | None:
+    candidate = shutil.which("bwrap", path=path)
+    return Path(candidate).resolve() if candidate else None
 
 
 def require_bwrap() -> str:
@@ -68,10 +74,13 @@ def require_bwrap() -> str:
     return path
 
 
-@functools.cache
 def userns_check() -> Check:
     """Whether bwrap can create an unprivileged user namespace here."""
-    bwrap = find_bwrap()
+    return _userns_check(find_bwrap())
+
+
+@functools.cache
+def _userns_check(bwrap: str | None) -> Check:
     if bwrap is None:
         return Check(
             "user namespaces", False, "bwrap not installed", "sudo apt-get install bubblewrap"

@@ -233,6 +233,7 @@ def _execute(
         cwd = workspace
     home = paths.caller_home(caller_env)
     layers = policy.layers
+    support = _cgroup_support(policy) if bwrap is not None else None
     audit.emit(
         "run_start",
         policy_hash=policy.digest(),
@@ -393,7 +394,7 @@ def _execute(
                     prefix = [LAUNCHER_INSIDE, *prefix[1:]]
                 command = [*prefix, *command]
             start: _Start | None = None
-            cgroup = _make_cgroup(policy, audit) if bwrap is not None else None
+            cgroup = _make_cgroup(policy, support, audit)
             if egress_plan is not None or cgroup is not None:
                 start = _Start(egress_plan, audit, cgroup, layers.container)
             status_r = status_w = -1
@@ -776,15 +777,28 @@ def _explain_bwrap_failure(returncode: int) -> None:
     )
 
 
-def _make_cgroup(policy: Policy, audit: AuditLog) -> Any:
-    """A cgroup for this run when the limits layer is on and one can be made, else None."""
+def _cgroup_support(policy: Policy) -> Any:
+    """Where this run's cgroup can be made (None: nowhere, or the layer is off).
+
+    When there is a place, the kernel's first-move cost starts being paid in the
+    background now, while the run is planned (:func:`limits.prime_attach`).
+    """
     if not policy.layers.limits:
         return None
     from stockade.enforce import limits
 
     support = limits.detect()
+    if support is not None:
+        limits.prime_attach(support)
+    return support
+
+
+def _make_cgroup(policy: Policy, support: Any, audit: AuditLog) -> Any:
+    """A cgroup for this run in ``support``, else None (noted in the audit log)."""
     if support is None:
         return None
+    from stockade.enforce import limits
+
     try:
         return limits.Cgroup.create(
             support,

@@ -1,0 +1,208 @@
+"""The client side of ``stockade server``: hand a ``run`` to a warm server, or decline.
+
+A ``stockade run`` first looks for a run server of this user and this installation (see
+:mod:`stockade.cli.server`). When one answers and accepts, the run happens in a process
+the server forks for it, with this process's stdin, stdout, stderr, working directory,
+environment, umask, resource limits and ignored signals; this process forwards the
+signals it gets and exits with the run's code. When there is no server, or it declines
+(another security context, stale code), :func:`run` returns None and the caller runs the
+command itself, in the same sandbox: the server only saves start-up time, it never
+changes what a run may do.
+
+This module is on the hot path of every ``stockade run``: it imports only C modules.
+"""
+
+from __future__ import annotations
+
+import _socket
+import marshal
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal  # the same names; _signal has no type stubs
+else:
+    import _signal  # signal.py would import enum (~5 ms) for its IntEnums
+
+#: bumped whenever the messages below change; a server of another version declines
+PROTOCOL = 1
+#: the signals a run forwards to its command (runtime._run._SIGNALS), plus SIGWINCH for a pty
+FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGWINCH)
+#: dispositions a run inherits from its caller when they are "ignore"
+INHERITED_IGNORES = (
+    _signal.SIGHUP,
+    _signal.SIGINT,
+    _signal.SIGQUIT,
+    _signal.SIGTERM,
+    _signal.SIGUSR1,
+    _signal.SIGUSR2,
+    _signal.SIGTSTP,
+    _signal.SIGTTIN,
+    _signal.SIGTTOU,
+)
+#: the longest path a unix socket address holds (sun_path, with its NUL)
+MAX_SOCKET_PATH = 107
+#: how long to wait for the server's first answer before running in this process
+ANSWER_TIMEOUT_S = 5.0
+
+# Messages from the server: accepted (the run is under way: never fall back after this),
+# refused (with a reason; nothing ran) and the exit status.
+ACCEPTED = b"A"
+REFUSED = b"R"
+EXITED = b"X"
+# Message to the server: a signal this process received, for the run's command.
+SIGNAL = b"S"
+
+
+def server_dir(env: dict[str, str] | os._Environ[str]) -> str:
+    """``$XDG_STATE_HOME/stockade/server`` (``~/.local/state`` when unset), as audit logs."""
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "stockade", "server")
+
+
+def installation_key() -> str:
+    """Which installation a server belongs to: this interpreter and this package."""
+    from stockade._hash import sha256_hex
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return sha256_hex(f"{sys.executable}\0{package}".encode())[:12]
+
+
+def socket_path(env: dict[str, str] | os._Environ[str]) -> str:
+    """Where the run server of this user and installation listens."""
+    return os.path.join(server_dir(env), f"{installation_key()}.sock")
+
+
+def peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a unix socket."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return (
+        int.from_bytes(raw[0:4], sys.byteorder, signed=True),
+        int.from_bytes(raw[4:8], sys.byteorder),
+        int.from_bytes(raw[8:12], sys.byteorder),
+    )
+
+
+def connect(path: str) -> _socket.socket | None:
+    """A connection to the server at ``path`` when one of this user listens there."""
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        return None
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+        # Only a server of this user gets our environment and descriptors.
+        if peer_credentials(sock)[1] != os.geteuid():
+            raise PermissionError
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _request(argv: list[str]) -> bytes:
+    import resource  # C module, cheap
+
+    umask = os.umask(0o077)
+    os.umask(umask)
+    limits = [
+        (res, *resource.getrlimit(res)) for res in range(getattr(resource, "RLIM_NLIMITS", 16))
+    ]
+    ignored = [s for s in INHERITED_IGNORES if _signal.getsignal(s) == _signal.SIG_IGN]
+    payload = marshal.dumps((PROTOCOL, argv, dict(os.environb), umask, limits, ignored))
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def run(args: list[str]) -> int | None:
+    """Run ``stockade ARGS`` in a warm server; its exit code, or None to run it here."""
+    sock = connect(socket_path(os.environ))
+    if sock is None:
+        return None
+    try:
+        return _converse(sock, args)
+    finally:
+        sock.close()
+
+
+def _converse(sock: _socket.socket, args: list[str]) -> int | None:
+    try:
+        # The run gets these descriptors, not copies of their paths: a closed one, or a
+        # deleted working directory, is left to the in-process run to report.
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+        cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2, cwd))
+        message = _request(args)
+        try:
+            sent = sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+            if sent < len(message):
+                sock.sendall(message[sent:])
+        except OSError:
+            return None
+    finally:
+        os.close(cwd)
+    sock.settimeout(ANSWER_TIMEOUT_S)
+    try:
+        first = sock.recv(1)
+    except OSError:
+        first = b""
+    if first != ACCEPTED:
+        if first == REFUSED and os.environ.get("STOCKADE_DEBUG"):
+            reason = _read_line(sock)
+            print(f"stockade: the run server declined ({reason}); running here", file=sys.stderr)
+        return None  # nothing ran: the caller runs the command itself
+    sock.settimeout(None)
+    return _wait(sock)
+
+
+def _read_line(sock: _socket.socket) -> str:
+    data = b""
+    try:
+        while not data.endswith(b"\n") and len(data) < 4096:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return data.decode(errors="replace").strip()
+
+
+def _wait(sock: _socket.socket) -> int:
+    """Forward signals until the run's exit status arrives; return it."""
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        try:  # noqa: SIM105 - contextlib is one more import on every run's path
+            sock.send(SIGNAL + bytes((signum,)))
+        except OSError:
+            pass  # the worker is gone; its status (or its absence) ends the wait
+
+    for signum in FORWARDED:
+        if _signal.getsignal(signum) != _signal.SIG_IGN:
+            _signal.signal(signum, forward)
+    data = b""
+    while len(data) < 5:
+        try:
+            chunk = sock.recv(5 - len(data))
+        except InterruptedError:
+            continue
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        data += chunk
+    if len(data) == 5 and data[:1] == EXITED:
+        return int.from_bytes(data[1:], "big", signed=True)
+    # The worker ended without a status: a forwarded signal killed it before the run
+    # began (end the same way), or it died; the sandbox died with it (--die-with-parent).
+    for signum in FORWARDED:
+        _signal.signal(signum, _signal.SIG_DFL)
+    if forwarded and forwarded[-1] != _signal.SIGWINCH:
+        os.kill(os.getpid(), forwarded[-1])
+    print("stockade: the run server's worker ended without an exit status", file=sys.stderr)
+    return 125

@@ -1,0 +1,576 @@
+"""``stockade server``: a warm run server that takes ``stockade run``'s start-up cost once.
+
+Most of a cold ``stockade run`` is Python starting and importing (on a 2-core machine
+about 100 ms of 150), not sandboxing. The server imports everything a run needs once,
+then forks one worker per ``stockade run``: the worker takes the caller's stdin, stdout,
+stderr and working directory (passed as descriptors), its environment, umask, resource
+limits and ignored signals, and runs exactly the code an in-process run would. The
+caller forwards its signals and exits with the run's code; if the caller dies, the
+worker kills itself and with it the sandbox (bwrap's ``--die-with-parent``).
+
+What a run may do does not depend on the server. It only serves callers whose security
+context equals its own: user and groups, capabilities, ``no_new_privs``, seccomp mode,
+every namespace, root directory, cgroups and LSM label. Anything else (a process inside
+a stockade sandbox, a confined or differently-privileged process, another user) is
+declined, and the caller runs the command in-process under the same policy. The server
+also declines, and exits, once its own code changed on disk.
+
+Actions: ``start`` (in the background), ``stop``, ``status``, ``run`` (in the foreground,
+for a service manager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from stockade.cli import _client
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+#: exit after this long without a request (seconds); 0 keeps the server until stopped
+DEFAULT_IDLE_S = 900.0
+#: how long ``start`` waits for the server to listen
+START_TIMEOUT_S = 15.0
+#: the largest request a worker reads (argv and environment)
+MAX_REQUEST = 8 << 20
+#: /proc/PID/status fields that must match between the server and a caller
+CONTEXT_FIELDS = (
+    "Uid",
+    "Gid",
+    "Groups",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+    "NoNewPrivs",
+    "Seccomp",
+    "Seccomp_filters",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``server``."""
+    parser.add_argument(
+        "action",
+        choices=("start", "stop", "status", "run"),
+        help="start in the background, stop, report, or run in the foreground",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_S,
+        metavar="S",
+        help=f"exit after S seconds without a request; 0: never (default {DEFAULT_IDLE_S:g})",
+    )
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Carry out one action; 0 on success, 1 when it could not be done."""
+    path = _client.socket_path(os.environ)
+    if args.action == "status":
+        return _status(path)
+    if args.action == "stop":
+        return _stop(path)
+    if args.idle_timeout < 0:
+        print("stockade server: --idle-timeout must be 0 or more seconds", file=sys.stderr)
+        return 2
+    if len(path.encode()) > _client.MAX_SOCKET_PATH:
+        print(
+            f"stockade server: the socket path {path} is longer than a unix socket allows "
+            f"({_client.MAX_SOCKET_PATH} bytes); set XDG_STATE_HOME to a shorter directory",
+            file=sys.stderr,
+        )
+        return 1
+    if args.action == "start":
+        return _start(path, args.idle_timeout)
+    return serve(path, args.idle_timeout)
+
+
+def _running_pid(path: str) -> int | None:
+    sock = _client.connect(path)
+    if sock is None:
+        return None
+    with contextlib.closing(sock):
+        return _client.peer_credentials(sock)[0]
+
+
+def _status(path: str) -> int:
+    pid = _running_pid(path)
+    if pid is None:
+        print(f"stockade server: not running (socket {path})")
+        return 1
+    print(f"stockade server: running, pid {pid}, socket {path}")
+    return 0
+
+
+def _stop(path: str) -> int:
+    pid = _running_pid(path)
+    if pid is None:
+        print(f"stockade server: not running (socket {path})")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and os.path.exists(path):
+        time.sleep(0.02)
+    print(f"stockade server: stopped pid {pid}")
+    return 0
+
+
+def _start(path: str, idle: float) -> int:
+    pid = _running_pid(path)
+    if pid is not None:
+        print(f"stockade server: already running, pid {pid}, socket {path}")
+        return 0
+    log = Path(path).with_suffix(".log")
+    _private_dir(Path(path).parent)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A daemon by double fork, not a new interpreter: this process already is the right
+    # Python with the right modules (sys.executable may not even be executable, in a
+    # virtual environment whose interpreter lives in another user's home).
+    first = os.fork()
+    if first == 0:
+        try:
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            os.chdir("/")
+            null = os.open(os.devnull, os.O_RDONLY)
+            out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.closerange(3, 256)  # nothing of the caller's stays open in the server
+            code = serve(path, idle)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    os.waitpid(first, 0)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        pid = _running_pid(path)
+        if pid is not None:
+            print(f"stockade server: started, pid {pid}, socket {path}")
+            return 0
+        time.sleep(0.02)
+    print(f"stockade server: did not start within {START_TIMEOUT_S:g}s; see {log}")
+    return 1
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (mode 0700) and check that only this user can use it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must belong to this user with mode 0700")
+
+
+# --- the server ---------------------------------------------------------------------
+
+
+def _warm() -> dict[str, int]:
+    """Import and compute what every run needs; return the source files to watch."""
+    import tomllib  # noqa: F401
+
+    import stockade.cli.run
+    import stockade.egress
+    import stockade.egress.inspect
+    import stockade.policy._hosts
+    import stockade.runtime._egress  # noqa: F401
+    from stockade.enforce import launcher, limits, seccomp  # noqa: F401
+    from stockade.runtime import _host, _run
+
+    _run._seccomp_filter()
+    _host.landlock_abi()
+    _host.seccomp_available()
+    _host.find_bwrap()
+    # Callers usually share the server's PATH and HOME: scan their toolchains once (the
+    # cache is keyed on PATH, HOME and the PATH directories' times, so it stays right).
+    from stockade.enforce import paths
+
+    paths.toolchain_paths(os.environ.get("PATH", ""), paths.caller_home(os.environ))
+    import fcntl  # noqa: F401
+    import pty  # noqa: F401
+    import termios  # noqa: F401
+    import tty  # noqa: F401
+
+    watched = {}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        file = getattr(module, "__file__", None)
+        if (name == "stockade" or name.startswith("stockade.")) and file:
+            watched[file] = os.stat(file).st_mtime_ns
+    launcher_c = Path(_run.__file__).parent.parent / "enforce" / "_launcher.c"
+    watched[str(launcher_c)] = launcher_c.stat().st_mtime_ns
+    return watched
+
+
+def _stale(watched: dict[str, int]) -> str | None:
+    for file, mtime in watched.items():
+        try:
+            if os.stat(file).st_mtime_ns != mtime:
+                return f"{file} changed"
+        except OSError:
+            return f"{file} is gone"
+    return None
+
+
+def serve(path: str, idle: float) -> int:
+    """Serve ``stockade run`` requests on ``path`` until stopped, idle or stale.
+
+    A pre-forked spare worker waits in ``accept``; when it takes a connection it tells
+    the server, which forks the next spare, so no caller waits for a fork.
+    """
+    from stockade.audit._log import AuditLog
+
+    sock_path = Path(path)
+    _private_dir(sock_path.parent)
+    watched = _warm()
+    mine = _context("self")
+    # Workers are forks: keep the collector from walking (and so copying) every page
+    # of the warm heap in each of them.
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    with contextlib.suppress(FileNotFoundError):
+        if _running_pid(path) is not None:
+            print(f"stockade server: already running on {path}", file=sys.stderr)
+            return 1
+        sock_path.unlink()  # a socket left by a server that died
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    ours = os.stat(path).st_ino
+    audit = AuditLog(f"server-{_client.installation_key()}", sock_path.with_suffix(".jsonl"))
+    audit.emit("server_start", pid=os.getpid(), socket=path)
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    news_r, news_w = os.pipe2(os.O_CLOEXEC)
+    spare: int | None = None
+    busy = 0
+    last = time.monotonic()
+    why = "stopped"
+    try:
+        while not stopping:
+            if spare is None:
+                spare = _fork_spare(listener, news_r, news_w, watched, mine, audit)
+            try:
+                ready, _, _ = select.select([news_r], [], [], 1.0)
+            except InterruptedError:
+                continue
+            for byte in os.read(news_r, 64) if ready else b"":
+                if byte == TAKEN[0]:
+                    spare, busy, last = None, busy + 1, time.monotonic()
+                elif byte == STALE[0]:
+                    stopping, why = True, "its code changed on disk"
+            while True:  # reap finished workers (and a spare that died)
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                if pid == spare:
+                    spare = None
+                else:
+                    busy = max(0, busy - 1)
+                    last = time.monotonic()
+            if idle and not busy and time.monotonic() - last > idle:
+                why = f"idle for {idle:g}s"
+                break
+    finally:
+        if spare is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(spare, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == ours:
+                os.unlink(path)
+        listener.close()
+        audit.emit("server_stop", pid=os.getpid(), reason=why)
+        audit.close()
+    return 0
+
+
+#: spare worker -> server: "I took a connection" and "the code on disk changed"
+TAKEN = b"T"
+STALE = b"S"
+
+
+def _fork_spare(
+    listener: socket.socket,
+    news_r: int,
+    news_w: int,
+    watched: dict[str, int],
+    mine: dict[str, object],
+    audit: object,
+) -> int:
+    """Fork a worker that waits for the next connection; return its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        # A spare must not outlive the server (it would serve with nobody to replace
+        # it); once it has a caller, it serves that caller whatever the server does.
+        _set_parent_death_signal(signal.SIGKILL)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        os.close(news_r)
+        if os.getppid() == 1:
+            os._exit(0)
+        conn, _ = listener.accept()
+        listener.close()
+        stale = _stale(watched)
+        if stale is not None:
+            # New code must not be served by old code: decline, and make way.
+            os.write(news_w, STALE)
+            _refuse(conn, f"the server's code changed ({stale})")
+            os._exit(0)
+        os.write(news_w, TAKEN)
+        os.close(news_w)
+        _set_parent_death_signal(0)
+    except BaseException:
+        os._exit(1)
+    _worker(conn, mine, audit)  # never returns
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
+
+
+def _refuse(conn: socket.socket, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(_client.REFUSED + reason.encode() + b"\n")
+    conn.close()
+
+
+# --- a worker: one run ----------------------------------------------------------------
+
+
+def _context(pid: int | str) -> dict[str, object]:
+    """What a process may do, as far as /proc shows it: the fields that must match."""
+    proc = f"/proc/{pid}"
+    ctx: dict[str, object] = {}
+    with open(f"{proc}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in CONTEXT_FIELDS:
+                ctx[name] = value.strip()
+    for ns in sorted(os.listdir(f"{proc}/ns")):
+        if not ns.endswith("_for_children"):
+            ctx[f"ns/{ns}"] = os.readlink(f"{proc}/ns/{ns}")
+    root = os.stat(f"{proc}/root")
+    ctx["root"] = (root.st_dev, root.st_ino)
+    with open(f"{proc}/cgroup") as f:
+        ctx["cgroup"] = f.read()
+    try:
+        with open(f"{proc}/attr/current") as f:
+            ctx["lsm"] = f.read().strip("\0\n")
+    except OSError:
+        ctx["lsm"] = None
+    return ctx
+
+
+def context_difference(pid: int, mine: dict[str, object] | None = None) -> str | None:
+    """Why the process ``pid`` may not be served by this one; None when it may.
+
+    A process confined in any way this one is not (a stockade sandbox, another sandbox,
+    fewer capabilities, another namespace or cgroup) would escape that confinement if
+    its run were made here, so it is declined and runs the command itself.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return "the caller is gone"
+    try:
+        if mine is None:
+            mine = _context("self")
+        theirs = _context(pid)
+        # The pidfd pins the process: had it exited (and its pid been reused) while
+        # /proc was read, the pidfd would now be readable.
+        if select.select([pidfd], [], [], 0)[0]:
+            return "the caller is gone"
+    except OSError as exc:
+        return f"cannot read the caller's context: {exc.strerror}"
+    finally:
+        os.close(pidfd)
+    differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    return f"its {', '.join(differ)} differ from the server's" if differ else None
+
+
+def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
+    """Read one request: its fields and the descriptors that came with it."""
+    fds: list[int] = []
+    data = b""
+    msg, ancdata, flags, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
+    for level, kind, raw in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(raw) - len(raw) % 4
+            fds += [int.from_bytes(raw[i : i + 4], sys.byteorder) for i in range(0, usable, 4)]
+    if flags & socket.MSG_CTRUNC:
+        raise ValueError("too many descriptors")
+    data = msg
+    if not data:
+        raise EOFError  # a connection that only asked who listens (status, stop)
+    if len(data) < 4:
+        raise ValueError("short request")
+    size = int.from_bytes(data[:4], "big")
+    if size > MAX_REQUEST:
+        raise ValueError("request too large")
+    while len(data) < 4 + size:
+        chunk = conn.recv(min(1 << 20, 4 + size - len(data)))
+        if not chunk:
+            raise ValueError("truncated request")
+        data += chunk
+    import marshal
+
+    # marshal, not pickle: it builds plain data only, never calls code; and the sender
+    # is a process of this very security context (checked before this is read).
+    fields = marshal.loads(data[4 : 4 + size])  # noqa: S302
+    if not isinstance(fields, tuple) or len(fields) != 6 or fields[0] != _client.PROTOCOL:
+        raise ValueError("unknown protocol")
+    if len(fds) != 4:
+        raise ValueError("expected four descriptors")
+    return fields, fds
+
+
+def _worker(conn: socket.socket, mine: dict[str, object], audit: object) -> NoReturn:
+    """Serve one request in this forked process, then exit; never returns."""
+    from stockade.audit._log import AuditLog
+
+    code = 125
+    try:
+        # The parent's handlers (stop the server) must not run here.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        os.setsid()  # out of the server's session: the caller's signals come by message
+        pid = _client.peer_credentials(conn)[0]
+        why = context_difference(pid, mine)
+        request = None
+        if why is None:
+            try:
+                request = _receive(conn)
+            except EOFError:
+                os._exit(0)
+            except (OSError, ValueError, TypeError) as exc:
+                why = f"bad request: {exc}"
+        if request is None:
+            if isinstance(audit, AuditLog):
+                audit.emit(
+                    "server_declined",
+                    layer="container",
+                    verdict="deny",
+                    reason="process-contained",
+                    pid=pid,
+                    detail=why,
+                )
+            _refuse(conn, why or "no request")
+            os._exit(0)
+        if isinstance(audit, AuditLog):
+            audit.emit("server_run", pid=pid, argv=request[0][1])
+        code = _run_request(conn, *request)
+    except BaseException:  # a worker never unwinds into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
+        os._exit(0)
+
+
+def _run_request(conn: socket.socket, fields: tuple[object, ...], fds: list[int]) -> int:
+    """Take on the caller's process state, then run as ``stockade ARGS`` would."""
+    import io
+    import resource
+    import threading
+
+    _, argv, env, umask, limits, ignored = fields
+    if not (
+        isinstance(argv, list)
+        and all(isinstance(a, str) for a in argv)
+        and isinstance(env, dict)
+        and isinstance(umask, int)
+        and isinstance(limits, list)
+        and isinstance(ignored, list)
+    ):
+        raise ValueError("malformed request")
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    os.fchdir(fds[3])
+    for fd in fds:
+        os.close(fd)
+    os.umask(umask)
+    for res, soft, hard in limits:
+        # Lowering always works; a limit above the server's stays at the server's.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(res, (soft, hard))
+    for signum in ignored:
+        signal.signal(signum, signal.SIG_IGN)
+    os.environ.clear()
+    for key, value in env.items():
+        os.environb[key] = value
+    # Python set its standard streams up for the server's descriptors; make them anew
+    # for the caller's (line-buffered on a terminal, as at any start).
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), errors="surrogateescape")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), errors="surrogateescape", line_buffering=os.isatty(1)
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True
+    )
+    sys.argv = ["stockade", *argv]
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None
+
+    def relay() -> None:
+        # The caller's signals, delivered to this worker's main thread, where the run's
+        # handlers forward them to the command; the caller gone means SIGKILL, as for a
+        # stockade process killed outright.
+        pending = b""
+        while True:
+            try:
+                data = conn.recv(64)
+            except OSError:
+                data = b""
+            if not data:
+                os.kill(os.getpid(), signal.SIGKILL)
+            pending += data
+            while len(pending) >= 2:
+                kind, signum, pending = pending[:1], pending[1], pending[2:]
+                if kind == _client.SIGNAL and signum in _client.FORWARDED:
+                    signal.pthread_kill(main_thread, signum)
+
+    conn.sendall(_client.ACCEPTED)
+    threading.Thread(target=relay, daemon=True).start()
+    from stockade.cli import dispatch
+
+    return dispatch(argv)

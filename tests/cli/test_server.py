@@ -1,0 +1,283 @@
+"""``stockade server``: runs served by a warm server behave as in-process runs.
+
+The container tests of tests/runtime/test_container.py run again here with a server
+listening for the world's user; the fixture checks that each of them really went
+through it. The server's own guarantees follow: who it declines (and that a declined
+caller still gets its sandboxed run), signals, a caller killed outright, stale code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.cli import _client, server
+from tests.conftest import World, _nobody_python, require
+from tests.runtime.test_container import (
+    ONLY_CONTAINER,
+    _pids_with,
+    run,
+    test_allowed_env_passes,
+    test_audit_log_records_start_end_and_denials,
+    test_background_process_does_not_survive,
+    test_canary_files_in_home_are_invisible,
+    test_command_not_found_is_127,
+    test_credential_env_is_absent,
+    test_exit_codes_pass_through,
+    test_host_pids_are_invisible,
+    test_killed_by_signal_is_128_plus_n,
+    test_malformed_policy_exits_125_naming_the_key,
+    test_protected_paths_are_read_only,
+    test_sigterm_reaches_the_command,
+    test_timeout_kills_the_tree_and_exits_124,
+    test_workspace_file_is_readable,
+    test_write_inside_workspace_works,
+    test_write_outside_workspace_fails,
+)
+from tests.runtime.test_layers import (
+    test_interactive_bash_under_a_pty,
+    test_tiocsti_cannot_reach_the_callers_terminal,
+)
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+# Collected again in this module, where every world has a server (see `world` below).
+SERVED = (
+    test_interactive_bash_under_a_pty,
+    test_tiocsti_cannot_reach_the_callers_terminal,
+    test_allowed_env_passes,
+    test_audit_log_records_start_end_and_denials,
+    test_background_process_does_not_survive,
+    test_canary_files_in_home_are_invisible,
+    test_command_not_found_is_127,
+    test_credential_env_is_absent,
+    test_exit_codes_pass_through,
+    test_host_pids_are_invisible,
+    test_killed_by_signal_is_128_plus_n,
+    test_malformed_policy_exits_125_naming_the_key,
+    test_protected_paths_are_read_only,
+    test_sigterm_reaches_the_command,
+    test_timeout_kills_the_tree_and_exits_124,
+    test_workspace_file_is_readable,
+    test_write_inside_workspace_works,
+    test_write_outside_workspace_fails,
+)
+
+
+def server_events(world: World, kind: str | None = None) -> list[dict[str, object]]:
+    log = Path(_client.socket_path(world.env)).with_suffix(".jsonl")
+    if not log.exists():
+        return []
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return [e for e in events if kind is None or e["event"] == kind]
+
+
+def start_server(world: World) -> None:
+    proc = world.stockade("server", "start")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "started" in proc.stdout
+
+
+@pytest.fixture
+def world(world: World) -> Iterator[World]:
+    """The shared world, with a run server for its user; every test must be served."""
+    start_server(world)
+    try:
+        yield world
+        assert server_events(world, "server_run"), "no run went through the server"
+    finally:
+        world.stockade("server", "stop")
+
+
+def test_status_start_stop(world: World) -> None:
+    status = world.stockade("server", "status")
+    assert status.returncode == 0
+    assert "running, pid" in status.stdout
+    again = world.stockade("server", "start")
+    assert "already running" in again.stdout
+    assert run(world, "true").returncode == 0
+    stop = world.stockade("server", "stop")
+    assert "stopped" in stop.stdout
+    assert world.stockade("server", "status").returncode == 1
+    assert not Path(_client.socket_path(world.env)).exists()
+    # With no server, the run happens in-process, just as well.
+    before = len(server_events(world, "server_run"))
+    assert run(world, "sh", "-c", "exit 3").returncode == 3
+    assert len(server_events(world, "server_run")) == before
+
+
+def test_caller_state_reaches_the_run(world: World) -> None:
+    (world.workspace / "sub").mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stockade",
+            "run",
+            *ONLY_CONTAINER,
+            "--",
+            "sh",
+            "-c",
+            "read line; echo in=$line; pwd; umask; ulimit -n; echo err >&2",
+        ],
+        input="hello\n",
+        cwd=world.workspace / "sub",
+        env=world.env,
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: (os.umask(0o027), _lower_nofile(200)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["in=hello", str(world.workspace / "sub"), "0027", "200"]
+    assert proc.stderr.startswith("err\n")
+    assert server_events(world, "server_run")[-1]["argv"][-1].startswith("read line")
+
+
+def _lower_nofile(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def test_a_killed_caller_takes_its_sandbox_along(world: World) -> None:
+    marker = f"{world.canary}-served-kill"
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stockade",
+            "run",
+            *ONLY_CONTAINER,
+            "--",
+            "sh",
+            "-c",
+            f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}",
+        ],
+        cwd=world.workspace,
+        env=world.env,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_pids_with(marker)) < 2:
+        time.sleep(0.05)
+    assert len(_pids_with(marker)) >= 2, "the sandboxed processes never started"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _pids_with(marker):
+        time.sleep(0.05)
+    assert _pids_with(marker) == []
+    # The next run (served too) tidies what the killed one left in the workspace.
+    assert run(world, "true").returncode == 0
+    assert sorted(os.listdir(world.workspace)) == ["README"]
+
+
+def test_a_confined_caller_is_declined_and_runs_in_process(world: World) -> None:
+    """no_new_privs stands for any confinement the server lacks: seccomp, a sandbox."""
+    before = len(server_events(world, "server_run"))
+    proc = subprocess.run(
+        ["setpriv", "--no-new-privs", sys.executable, "-m", "stockade", "run", "--", "echo", "ok"],
+        cwd=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
+    declined = server_events(world, "server_declined")
+    assert declined
+    assert "NoNewPrivs" in str(declined[-1]["detail"])
+    assert len(server_events(world, "server_run")) == before
+    # The twin: the same caller without the flag is served.
+    assert run(world, "echo", "ok").stdout == "ok\n"
+    assert len(server_events(world, "server_run")) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "field"),
+    [
+        (["setpriv", "--no-new-privs"], "NoNewPrivs"),
+        (["unshare", "--net"], "ns/net"),
+        (["setpriv", "--bounding-set=-sys_admin"], "CapBnd"),
+        (["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], "Uid"),
+    ],
+)
+def test_context_difference_names_what_differs(wrapper: list[str], field: str) -> None:
+    if os.geteuid() != 0 and "unshare" not in wrapper[0]:
+        pytest.skip("changing these needs root")
+    p = subprocess.Popen([*wrapper, "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{p.pid}/exe").endswith(
+            "sleep"
+        ):
+            time.sleep(0.02)  # the wrapper has not changed itself and exec'd yet
+        why = server.context_difference(p.pid)
+        assert why is not None
+        assert field in why
+    finally:
+        p.kill()
+        p.wait()
+    # The twin: a plain child of this process has the same context.
+    same = subprocess.Popen(["sleep", "30"])
+    try:
+        assert server.context_difference(same.pid) is None
+    finally:
+        same.kill()
+        same.wait()
+
+
+def test_stale_code_is_declined_and_the_server_exits(world: World) -> None:
+    assert run(world, "true").returncode == 0
+    source = Path(server.__file__)
+    st = source.stat()
+    try:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        proc = run(world, "echo", "fresh")
+        assert proc.returncode == 0
+        assert proc.stdout == "fresh\n"  # ran in-process, by the new code
+    finally:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and world.stockade("server", "status").returncode == 0:
+        time.sleep(0.05)
+    assert world.stockade("server", "status").returncode == 1
+    stops = server_events(world, "server_stop")
+    assert "code changed" in str(stops[-1]["reason"])
+
+
+def test_another_user_cannot_reach_the_socket(world: World) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    path = _client.socket_path(world.env)
+    code = (
+        "import _socket, sys\n"
+        "s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
+        "try:\n"
+        f"    s.connect({path!r})\n"
+        "except PermissionError:\n"
+        "    sys.exit(3)\n"
+    )
+    python = _nobody_python()
+    require(python is not None, "no Python that uid 65534 can run")
+    assert python is not None
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", code],
+        check=False,
+    )
+    assert proc.returncode == 3
+    assert oct(Path(path).parent.stat().st_mode & 0o777) == "0o700"
+    # The twin: the owner connects, and is served.
+    sock = _client.connect(path)
+    assert sock is not None
+    sock.close()
+    assert run(world, "true").returncode == 0
