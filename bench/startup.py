@@ -1,7 +1,8 @@
 """Start-up cost of one sandboxed command, against its baselines, measured in one run.
 
 Measures the mean wall time of: plain ``true``; bare ``bwrap ... true`` with the same
-namespaces; ``stockade run -- true`` (the CLI, every layer on); ``srt true`` (Anthropic's
+namespaces; ``stockade run -- true`` (the CLI, every layer on), in-process and handed to a
+warm ``stockade server``; ``srt true`` (Anthropic's
 sandbox-runtime, installed into a temporary folder with npm when npm is available); and
 ``stockade.run(["true"])`` called repeatedly in one warm Python process. The last line is
 one JSON object with the figures and the ratios. Targets: CLI <= 60 ms and <= 0.3x srt;
@@ -118,7 +119,18 @@ def main() -> int:
             "true",
         ]
         figures["bwrap_ms"] = mean_ms(lambda: run(bare))
-        figures["stockade_cli_ms"] = mean_ms(lambda: run([stockade, "run", "--", "true"], env=env))
+        cold_env = dict(env, STOCKADE_SERVER="0")
+        figures["stockade_cli_ms"] = mean_ms(
+            lambda: run([stockade, "run", "--", "true"], env=cold_env)
+        )
+        # The same command handed to a warm run server (stockade server, docs/server.md).
+        run([stockade, "server", "start"], env=env)
+        try:
+            figures["stockade_cli_served_ms"] = mean_ms(
+                lambda: run([stockade, "run", "--", "true"], env=env)
+            )
+        finally:
+            run([stockade, "server", "stop"], env=env)
         srt = install_srt(Path(tmp) / "srt")
         if srt:
             try:
@@ -156,7 +168,13 @@ def main() -> int:
     assert cli is not None
     assert api is not None
     assert bw is not None
+    served = figures["stockade_cli_served_ms"]
+    assert served is not None
     result["cli_vs_srt"] = round(cli / figures["srt_ms"], 3) if figures["srt_ms"] else None
+    result["cli_served_vs_srt"] = (
+        round(served / figures["srt_ms"], 3) if figures["srt_ms"] else None
+    )
+    result["cli_served_vs_cli"] = round(served / cli, 3)
     result["api_vs_bwrap"] = round(api / bw, 2)
     first, later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
     assert first is not None

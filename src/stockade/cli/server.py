@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -35,7 +36,9 @@ from stockade.cli import _client
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
+
+    from stockade.audit._log import AuditLog
 
 #: exit after this long without a request (seconds); 0 keeps the server until stopped
 DEFAULT_IDLE_S = 900.0
@@ -205,8 +208,12 @@ def _warm() -> dict[str, int]:
     paths.toolchain_paths(os.environ.get("PATH", ""), paths.caller_home(os.environ))
     import fcntl  # noqa: F401
     import pty  # noqa: F401
+    import resource  # noqa: F401
     import termios  # noqa: F401
+    import threading  # noqa: F401
     import tty  # noqa: F401
+
+    _libc()
 
     watched = {}
     for module in list(sys.modules.values()):
@@ -325,7 +332,7 @@ def _fork_spare(
     news_w: int,
     watched: dict[str, int],
     mine: dict[str, object],
-    audit: object,
+    audit: AuditLog,
 ) -> int:
     """Fork a worker that waits for the next connection; return its pid."""
     pid = os.fork()
@@ -356,11 +363,16 @@ def _fork_spare(
     _worker(conn, mine, audit)  # never returns
 
 
-def _set_parent_death_signal(signum: int) -> None:
+@functools.cache
+def _libc() -> Any:
     import ctypes
 
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _set_parent_death_signal(signum: int) -> None:
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
+    _libc().prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
 
 
 def _refuse(conn: socket.socket, reason: str) -> None:
@@ -459,10 +471,8 @@ def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
     return fields, fds
 
 
-def _worker(conn: socket.socket, mine: dict[str, object], audit: object) -> NoReturn:
+def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog) -> NoReturn:
     """Serve one request in this forked process, then exit; never returns."""
-    from stockade.audit._log import AuditLog
-
     code = 125
     try:
         # The parent's handlers (stop the server) must not run here.
@@ -480,19 +490,17 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: object) -> NoRe
             except (OSError, ValueError, TypeError) as exc:
                 why = f"bad request: {exc}"
         if request is None:
-            if isinstance(audit, AuditLog):
-                audit.emit(
-                    "server_declined",
-                    layer="container",
-                    verdict="deny",
-                    reason="process-contained",
-                    pid=pid,
-                    detail=why,
-                )
+            audit.emit(
+                "server_declined",
+                layer="container",
+                verdict="deny",
+                reason="process-contained",
+                pid=pid,
+                detail=why,
+            )
             _refuse(conn, why or "no request")
             os._exit(0)
-        if isinstance(audit, AuditLog):
-            audit.emit("server_run", pid=pid, argv=request[0][1])
+        audit.emit("server_run", pid=pid, argv=request[0][1])
         code = _run_request(conn, *request)
     except BaseException:  # a worker never unwinds into the server's loop
         import traceback

@@ -394,9 +394,15 @@ def _execute(
                     prefix = [LAUNCHER_INSIDE, *prefix[1:]]
                 command = [*prefix, *command]
             start: _Start | None = None
-            cgroup = _make_cgroup(policy, support, audit)
-            if egress_plan is not None or cgroup is not None:
-                start = _Start(egress_plan, audit, cgroup, layers.container)
+            # The cgroup is made once bwrap is starting (see _Start.release): the
+            # two overlap, on another core.
+            make_cgroup = (
+                functools.partial(_make_cgroup, policy, support, audit)
+                if support is not None
+                else None
+            )
+            if egress_plan is not None or make_cgroup is not None:
+                start = _Start(egress_plan, audit, make_cgroup, layers.container)
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -849,11 +855,14 @@ class _Start:
     proxy listens inside its network namespace.
     """
 
-    def __init__(self, egress: Any, audit: AuditLog, cgroup: Any, contain: bool) -> None:
+    def __init__(
+        self, egress: Any, audit: AuditLog, make_cgroup: Callable[[], Any] | None, contain: bool
+    ) -> None:
         self.contain = contain
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
-        self.cgroup = cgroup
+        self.make_cgroup = make_cgroup
+        self.cgroup: Any = None
         self.audit = audit
         self.proxy = egress.proxy(audit) if egress is not None else None
 
@@ -870,6 +879,8 @@ class _Start:
         os.close(self.block_r)
         self.info_w = self.block_r = -1
         try:
+            if self.make_cgroup is not None:
+                self.cgroup = self.make_cgroup()
             pid = read_child_pid(self.info_r)
             self.info_r = -1
             if self.cgroup is not None:
