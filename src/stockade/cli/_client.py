@@ -62,11 +62,17 @@ def server_dir(env: dict[str, str] | os._Environ[str]) -> str:
 
 
 def installation_key() -> str:
-    """Which installation a server belongs to: this interpreter and this package."""
-    from stockade._hash import sha256_hex
+    """Which installation a server belongs to: this interpreter and this package.
 
+    FNV-1a, not SHA-256: the key only tells installations apart inside the user's own
+    0700 directory (nothing rests on it being hard to forge), and a digest module would
+    be one more shared library to load on every run's path.
+    """
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return sha256_hex(f"{sys.executable}\0{package}".encode())[:12]
+    key = 0xCBF29CE484222325
+    for byte in f"{sys.executable}\0{package}".encode():
+        key = ((key ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{key:016x}"
 
 
 def socket_path(env: dict[str, str] | os._Environ[str]) -> str:

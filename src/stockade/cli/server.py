@@ -277,20 +277,31 @@ def serve(path: str, idle: float) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     news_r, news_w = os.pipe2(os.O_CLOEXEC)
     spare: int | None = None
-    busy = 0
+    workers: set[int] = set()
+    wanted = True  # a spare is wanted now
     last = time.monotonic()
     why = "stopped"
     try:
         while not stopping:
-            if spare is None:
+            # The next spare is forked when a run ends or another caller waits, not
+            # while a run is starting: on a small machine the fork would compete with
+            # it for the CPU, and a caller's start-up (some 20 ms) leaves time enough.
+            if spare is None and (wanted or not workers):
                 spare = _fork_spare(listener, news_r, news_w, watched, mine, audit)
+                wanted = False
+            watch = [news_r] if spare is not None else [news_r, listener.fileno()]
             try:
-                ready, _, _ = select.select([news_r], [], [], 1.0)
+                ready, _, _ = select.select(watch, [], [], 1.0)
             except InterruptedError:
                 continue
-            for byte in os.read(news_r, 64) if ready else b"":
-                if byte == TAKEN[0]:
-                    spare, busy, last = None, busy + 1, time.monotonic()
+            if listener.fileno() in ready:
+                wanted = True  # a caller waits and no spare takes it
+            for byte in os.read(news_r, 64) if news_r in ready else b"":
+                if byte == TAKEN[0] and spare is not None:
+                    workers.add(spare)
+                    spare, last = None, time.monotonic()
+                elif byte == DONE[0]:
+                    wanted, last = True, time.monotonic()
                 elif byte == STALE[0]:
                     stopping, why = True, "its code changed on disk"
             while True:  # reap finished workers (and a spare that died)
@@ -302,10 +313,8 @@ def serve(path: str, idle: float) -> int:
                     break
                 if pid == spare:
                     spare = None
-                else:
-                    busy = max(0, busy - 1)
-                    last = time.monotonic()
-            if idle and not busy and time.monotonic() - last > idle:
+                workers.discard(pid)
+            if idle and not workers and time.monotonic() - last > idle:
                 why = f"idle for {idle:g}s"
                 break
     finally:
@@ -321,8 +330,9 @@ def serve(path: str, idle: float) -> int:
     return 0
 
 
-#: spare worker -> server: "I took a connection" and "the code on disk changed"
+#: worker -> server: "I took a connection", "my run is over", "the code on disk changed"
 TAKEN = b"T"
+DONE = b"D"
 STALE = b"S"
 
 
@@ -356,11 +366,10 @@ def _fork_spare(
             _refuse(conn, f"the server's code changed ({stale})")
             os._exit(0)
         os.write(news_w, TAKEN)
-        os.close(news_w)
         _set_parent_death_signal(0)
     except BaseException:
         os._exit(1)
-    _worker(conn, mine, audit)  # never returns
+    _worker(conn, mine, audit, news_w)  # never returns
 
 
 @functools.cache
@@ -471,7 +480,7 @@ def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
     return fields, fds
 
 
-def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog) -> NoReturn:
+def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news: int) -> NoReturn:
     """Serve one request in this forked process, then exit; never returns."""
     code = 125
     try:
@@ -486,7 +495,7 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog) -> No
             try:
                 request = _receive(conn)
             except EOFError:
-                os._exit(0)
+                _done(news)
             except (OSError, ValueError, TypeError) as exc:
                 why = f"bad request: {exc}"
         if request is None:
@@ -499,7 +508,7 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog) -> No
                 detail=why,
             )
             _refuse(conn, why or "no request")
-            os._exit(0)
+            _done(news)
         audit.emit("server_run", pid=pid, argv=request[0][1])
         code = _run_request(conn, *request)
     except BaseException:  # a worker never unwinds into the server's loop
@@ -512,7 +521,14 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog) -> No
             sys.stderr.flush()
         with contextlib.suppress(OSError):
             conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
-        os._exit(0)
+        _done(news)
+
+
+def _done(news: int) -> NoReturn:
+    """Tell the server this worker is finished (it forks the next spare), and exit."""
+    with contextlib.suppress(OSError):
+        os.write(news, DONE)
+    os._exit(0)
 
 
 def _run_request(conn: socket.socket, fields: tuple[object, ...], fds: list[int]) -> int:

@@ -351,18 +351,30 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
 
 def remove_placeholders(created: Iterable[Path]) -> list[Path]:
     """Remove this run's placeholders that are still empty; return those left in place."""
+    import stat
+
     left: list[Path] = []
     # Deepest first: a placeholder may hold another run's (.git then .git/commondir).
+    # One lstat per path and plain os calls: this runs after every command, before its
+    # exit status is reported.
     for path in sorted(set(created), key=lambda p: len(p.parts), reverse=True):
+        spelled = str(path)
         try:
-            if path.is_dir() and not path.is_symlink():
-                path.rmdir()
-            elif path.is_file() and path.read_bytes() == _PLACEHOLDER_CONTENT.get(path.name, b""):
-                path.unlink()
-            else:
-                left.append(path)
+            mode = os.lstat(spelled).st_mode
+            if stat.S_ISDIR(mode):
+                os.rmdir(spelled)  # fails on a directory the command filled: left
+                continue
+            if stat.S_ISREG(mode):
+                with open(spelled, "rb") as fh:
+                    unchanged = fh.read(64) == _PLACEHOLDER_CONTENT.get(path.name, b"")
+                if unchanged:
+                    os.unlink(spelled)
+                    continue
+        except FileNotFoundError:
+            continue  # already gone (another run of the workspace removed it)
         except OSError:
-            left.append(path)
+            pass
+        left.append(path)
     return left
 
 

@@ -53,14 +53,18 @@ def _alive(name: str) -> bool:
     return True
 
 
-def _users(registry: Path) -> list[Path]:
+def _users(registry: Path) -> list[str]:
     """The registered runs still alive; entries of processes that are gone are dropped."""
     live = []
-    for entry in registry.glob("*.run"):
-        if _alive(entry.name):
-            live.append(entry)
-        else:
-            entry.unlink(missing_ok=True)
+    with os.scandir(registry) as entries:
+        for entry in entries:
+            if not entry.name.endswith(".run"):
+                continue
+            if _alive(entry.name):
+                live.append(entry.name)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
     return live
 
 
