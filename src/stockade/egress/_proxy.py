@@ -243,7 +243,15 @@ class EgressProxy:
             task.cancel()
         for task in list(self._tasks):
             task.cancel()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
         for sock in self._listeners:
+            if loop is not None and sock.fileno() >= 0:
+                # Off epoll before the descriptor is closed (and its number reused).
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(sock.fileno())
             sock.close()
 
     async def wait_closed(self) -> None:
@@ -262,34 +270,64 @@ class EgressProxy:
         return len(self._tasks)
 
     async def _accept_loop(self, sock: socket.socket) -> None:
+        """Accept from a reader callback that stays registered for the listener's life.
+
+        ``loop.sock_accept`` would register and unregister the listener with epoll for
+        every connection; a proxy for short requests spends a measurable part of each one
+        on that. Returns only by cancellation (close) or a broken listener.
+        """
         loop = asyncio.get_running_loop()
-        while not self._closed:
-            try:
-                conn, _ = await loop.sock_accept(sock)
-            except OSError as exc:
-                if self.closed:
+        broken: asyncio.Future[None] = loop.create_future()
+        fd = sock.fileno()
+
+        def acceptable() -> None:
+            for _ in range(64):  # what is pending, within reason: others wait their turn
+                try:
+                    conn, _ = sock.accept()
+                except BlockingIOError:
                     return
-                if exc.errno not in _TRANSIENT_ACCEPT:
-                    # The listener itself is broken (shut down, closed under us): no
-                    # connection will ever be accepted again. Fail, so that the caller
-                    # reports it (proxy_failed), rather than warn 20 times a second.
-                    raise SandboxError(
-                        f"the proxy's listener failed: {exc.strerror or exc}"
-                    ) from exc
-                # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
-                # connection waits in the backlog.
-                logger.warning("egress: accept failed: %s", exc.strerror or exc)
-                await asyncio.sleep(0.05)
-                continue
-            if len(self._tasks) >= self.max_connections:
-                record = _Record(protocol="unknown")
-                record.decision = _deny(Reason.CONNECTION_LIMIT, f"{self.max_connections} open")
-                conn.close()
-                self._emit("net_connect", record)
-                continue
-            task = loop.create_task(self._handle(conn))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+                except OSError as exc:
+                    if self._closed or broken.done():
+                        return
+                    loop.remove_reader(fd)
+                    if exc.errno not in _TRANSIENT_ACCEPT:
+                        # The listener itself is broken (shut down, closed under us): no
+                        # connection will ever be accepted again. Fail, so that the
+                        # caller reports it (proxy_failed), rather than spin.
+                        broken.set_exception(
+                            SandboxError(f"the proxy's listener failed: {exc.strerror or exc}")
+                        )
+                        return
+                    # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
+                    # connection waits in the backlog.
+                    logger.warning("egress: accept failed: %s", exc.strerror or exc)
+                    loop.call_later(0.05, resume)
+                    return
+                self._start(conn, loop)
+
+        def resume() -> None:
+            if not self._closed and not broken.done():
+                loop.add_reader(fd, acceptable)
+
+        loop.add_reader(fd, acceptable)
+        try:
+            await broken
+        finally:
+            if not broken.done() or broken.exception() is None:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(fd)
+
+    def _start(self, conn: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        """Handle one accepted connection in a task of its own, within the cap."""
+        if len(self._tasks) >= self.max_connections:
+            record = _Record(protocol="unknown")
+            record.decision = _deny(Reason.CONNECTION_LIMIT, f"{self.max_connections} open")
+            conn.close()
+            self._emit("net_connect", record)
+            return
+        task = loop.create_task(self._handle(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- audit ---------------------------------------------------------------------------
 
@@ -416,8 +454,26 @@ class EgressProxy:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            async with asyncio.timeout(self.connect_timeout):
-                await asyncio.get_running_loop().sock_connect(sock, (str(address), port))
+            # loop.sock_connect would parse the vetted address again (and could resolve a
+            # name); this connects to exactly the literal that passed the checks.
+            error = sock.connect_ex((str(address), port))
+            if error == errno.EINPROGRESS:
+                loop = asyncio.get_running_loop()
+                writable: asyncio.Future[None] = loop.create_future()
+
+                def ready() -> None:
+                    if not writable.done():
+                        writable.set_result(None)
+
+                loop.add_writer(sock.fileno(), ready)
+                try:
+                    async with asyncio.timeout(self.connect_timeout):
+                        await writable
+                finally:
+                    loop.remove_writer(sock.fileno())
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error))
         except BaseException:
             sock.close()
             raise
@@ -591,11 +647,15 @@ class EgressProxy:
                 if head is None:
                     return
                 _http.check_head(head)
-                conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_http.MAX_HEAD)
-                conn.receive_data(head)
-                event = conn.next_event()
-                if not isinstance(event, h11.Request):
-                    raise _http.BadRequest("incomplete request head")
+                event: h11.Request | _http.PlainRequest | None = _http.parse_plain_request(head)
+                conn = None
+                if event is None:
+                    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_http.MAX_HEAD)
+                    conn.receive_data(head)
+                    parsed = conn.next_event()
+                    if not isinstance(parsed, h11.Request):
+                        raise _http.BadRequest("incomplete request head")
+                    event = parsed
             except (_http.BadRequest, h11.RemoteProtocolError) as exc:
                 decision = _deny(Reason.BAD_REQUEST, str(exc))
                 with contextlib.suppress(OSError):
@@ -629,6 +689,11 @@ class EgressProxy:
                 return
 
     async def _read_head(self, client: _Client, first: bool) -> bytes | None:
+        end = _http.find_head_end(client.buffer)
+        if end >= 0:  # usually so: the head came in the first read; no timer to set
+            head = bytes(client.buffer[:end])
+            del client.buffer[:end]
+            return head
         timeout = self.handshake_timeout if first else self.idle_timeout
         async with asyncio.timeout(timeout):
             while True:
@@ -644,7 +709,9 @@ class EgressProxy:
                         return None  # a clean close between keep-alive requests
                     raise
 
-    async def _connect(self, client: _Client, record: _Record, request: h11.Request) -> None:
+    async def _connect(
+        self, client: _Client, record: _Record, request: h11.Request | _http.PlainRequest
+    ) -> None:
         try:
             host, port = _http.parse_authority(request.target.decode("ascii"), None)
         except (_http.BadRequest, UnicodeDecodeError) as exc:
@@ -663,7 +730,11 @@ class EgressProxy:
         await self._tunnel(client, record, host, port, accept, refuse)
 
     async def _forward(
-        self, client: _Client, conn: h11.Connection, request: h11.Request, record: _Record
+        self,
+        client: _Client,
+        conn: h11.Connection | None,
+        request: h11.Request | _http.PlainRequest,
+        record: _Record,
     ) -> bool:
         """Serve one absolute-form request; True when the client connection stays open."""
         record.extra["method"] = request.method.decode("ascii", "replace")
@@ -715,12 +786,13 @@ class EgressProxy:
     async def _exchange(
         self,
         client: _Client,
-        conn: h11.Connection,
-        request: h11.Request,
+        conn: h11.Connection | None,
+        request: h11.Request | _http.PlainRequest,
         target: _http.ForwardTarget,
         record: _Record,
         upstream: socket.socket,
     ) -> bool:
+        """Send the request upstream and relay the response; True to keep the client."""
         loop = asyncio.get_running_loop()
         host = record.host if ":" not in record.host else f"[{record.host}]"
         authority = host if target.port == 80 else f"{host}:{target.port}"
@@ -732,6 +804,14 @@ class EgressProxy:
             # vetted address is never reused for another host.
             (b"connection", b"close"),
         ]
+        keep = request.http_version == b"1.1" and not _wants_close(request.headers)
+        if conn is None:
+            # A plain request (no body): written out directly, and the response read
+            # the plain way unless it needs h11 (see _relay_plain).
+            out = b"%s %s HTTP/1.1\r\n" % (request.method, target.path) + _header_block(headers)
+            await loop.sock_sendall(upstream, out)
+            record.bytes_up += len(out)
+            return await self._relay_plain(client, request, target, headers, record, upstream, keep)
         up = h11.Connection(h11.CLIENT)
         out = up.send(h11.Request(method=request.method, target=target.path, headers=headers))
         assert out is not None
@@ -764,13 +844,72 @@ class EgressProxy:
                 break
         leftover, _ = conn.trailing_data
         client.buffer += leftover
-        keep = request.http_version == b"1.1" and not _wants_close(request.headers)
         return await self._relay_response(client, request, record, upstream, up, keep)
+
+    async def _relay_plain(
+        self,
+        client: _Client,
+        request: h11.Request | _http.PlainRequest,
+        target: _http.ForwardTarget,
+        headers: list[tuple[bytes, bytes]],
+        record: _Record,
+        upstream: socket.socket,
+        keep: bool,
+    ) -> bool:
+        """Relay a response with a Content-Length body without h11; else hand it to h11."""
+        loop = asyncio.get_running_loop()
+        buffer = bytearray()
+        closed = False
+        end = -1
+        async with asyncio.timeout(self.idle_timeout):
+            while len(buffer) <= _http.MAX_HEAD:
+                end = buffer.find(b"\r\n\r\n")
+                if end >= 0:
+                    break
+                received = await loop.sock_recv(upstream, _UPSTREAM_READ)
+                if not received:
+                    closed = True
+                    break
+                record.bytes_down += len(received)
+                buffer += received
+        response = None
+        if end >= 0:
+            response = _http.parse_plain_response(bytes(buffer[: end + 4]), request.method)
+        if response is None:
+            # Anything else (chunked, read-to-close, 1xx, HEAD, a malformed head): h11
+            # reads it, told what was sent so that it frames the response right.
+            up = h11.Connection(h11.CLIENT)
+            up.send(h11.Request(method=request.method, target=target.path, headers=headers))
+            up.send(h11.EndOfMessage())
+            if buffer:
+                up.receive_data(bytes(buffer))
+            if closed:
+                up.receive_data(b"")
+            return await self._relay_response(client, request, record, upstream, up, keep)
+        out_headers = [
+            *_http.filter_headers(response.headers),
+            (b"content-length", b"%d" % response.length),
+            (b"connection", b"keep-alive" if keep else b"close"),
+        ]
+        head = b"HTTP/1.1 %d %s\r\n" % (response.status, response.reason)
+        body = bytes(buffer[end + 4 : end + 4 + response.length])
+        # Head and the first body bytes in one write, one segment.
+        await client.send(head + _header_block(out_headers) + body)
+        left = response.length - len(body)
+        while left > 0:
+            async with asyncio.timeout(self.idle_timeout):
+                received = await loop.sock_recv(upstream, min(_UPSTREAM_READ, left))
+            if not received:
+                return False  # cut short: the client sees a short body and a close
+            record.bytes_down += len(received)
+            left -= len(received)
+            await client.send(received)
+        return keep
 
     async def _relay_response(
         self,
         client: _Client,
-        request: h11.Request,
+        request: h11.Request | _http.PlainRequest,
         record: _Record,
         upstream: socket.socket,
         up: h11.Connection,
