@@ -30,7 +30,7 @@ from stockade.audit._log import AuditLog
 from stockade.egress import _http, _socks
 from stockade.egress._addr import IPAddress
 from stockade.egress._relay import RELAY_BUFFER, relay
-from stockade.egress._rules import LAYER, EgressRules, parse_address
+from stockade.egress._rules import LAYER, AddressVerdict, EgressRules, parse_address
 from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, parse_client_hello
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
@@ -61,6 +61,8 @@ class Interceptor(Protocol):
 
 _READ = 64 * 1024
 #: accept() errors that pass: too many files, no memory, a client gone before accept
+#: names and addresses whose decisions are remembered (then forgotten all at once)
+_DECISION_CACHE = 4096
 _TRANSIENT_ACCEPT = frozenset(
     {
         errno.EMFILE,
@@ -154,6 +156,17 @@ class _Client:
             raise _Closed
         self.buffer += data
 
+    def read_ready(self) -> bool:
+        """Take what has already arrived, without waiting; False when nothing had."""
+        try:
+            data = self.sock.recv(_READ)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not data:
+            raise _Closed
+        self.buffer += data
+        return True
+
     async def send(self, data: bytes) -> None:
         await self.loop.sock_sendall(self.sock, data)
 
@@ -180,7 +193,7 @@ class EgressProxy:
         relay_buffer: int = RELAY_BUFFER,
         inspect: Interceptor | None = None,
     ) -> None:
-        self.rules = rules
+        self._rules = rules
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
         self.inspect = inspect
         self._audit = audit
@@ -192,9 +205,18 @@ class EgressProxy:
         self.max_connections = max_connections
         self.relay_buffer = relay_buffer
         self._closed = False
+        # Decisions are pure functions of the (immutable) rules: a name or an address
+        # asked for again is not worked out again. Resolution is never cached.
+        self._names: dict[tuple[str, int], tuple[str, Decision]] = {}
+        self._verdicts: dict[tuple[str, int, IPAddress], AddressVerdict] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._accept_tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[socket.socket] = []
+
+    @property
+    def rules(self) -> EgressRules:
+        """The rules this proxy decides by; fixed for its life (decisions are cached)."""
+        return self._rules
 
     # -- serving ------------------------------------------------------------------------
 
@@ -355,8 +377,9 @@ class EgressProxy:
                 # Replies go out as soon as they are written, not after the client's ACK.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client = _Client(sock, loop)
-            async with asyncio.timeout(self.handshake_timeout):
-                await client.read()
+            if not client.read_ready():
+                async with asyncio.timeout(self.handshake_timeout):
+                    await client.read()
             if client.buffer[0] == _socks.VERSION:
                 await self._serve_socks(client, record)
             else:
@@ -385,18 +408,23 @@ class EgressProxy:
 
     async def _vet(self, host_raw: str, port: int, record: _Record) -> IPAddress | None:
         """Decide, resolve and classify; the address to dial, or None (record says why)."""
-        try:
-            host = normalize_host(host_raw)
-        except ValueError as exc:
-            record.host = _printable(host_raw)
-            record.port = port
-            record.decision = _deny(Reason.BAD_HOSTNAME, str(exc))
-            return None
+        named = self._names.get((host_raw, port))
+        if named is None:
+            try:
+                host = normalize_host(host_raw)
+            except ValueError as exc:
+                record.host = _printable(host_raw)
+                record.port = port
+                record.decision = _deny(Reason.BAD_HOSTNAME, str(exc))
+                return None
+            if len(self._names) >= _DECISION_CACHE:
+                self._names.clear()
+            named = self._names[(host_raw, port)] = (host, self.rules.check_name(host, port))
+        host, decision = named
         record.host, record.port = host, port
         if not 1 <= port <= 65535:
             record.decision = _deny(Reason.BAD_REQUEST, f"port {port} is out of range")
             return None
-        decision = self.rules.check_name(host, port)
         if not decision.allowed:
             record.decision = decision
             return None
@@ -418,7 +446,12 @@ class EgressProxy:
                 return None
         first_denied = None
         for address in addresses:
-            verdict = self.rules.check_address(host, port, address)
+            verdict = self._verdicts.get((host, port, address))
+            if verdict is None:
+                if len(self._verdicts) >= _DECISION_CACHE:
+                    self._verdicts.clear()
+                verdict = self.rules.check_address(host, port, address)
+                self._verdicts[(host, port, address)] = verdict
             if verdict.decision.allowed:
                 record.address = str(address)
                 record.address_class = str(verdict.address_class)
