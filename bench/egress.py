@@ -1,4 +1,4 @@
-"""Egress proxy benchmark: stockade vs direct vs squid (vs srt when installed), one run.
+"""Egress proxy benchmark: stockade vs direct vs squid vs srt, in one run.
 
 Measures, all on loopback:
 
@@ -8,7 +8,9 @@ Measures, all on loopback:
 * 500 concurrent tunnels held 10 s, then used: errors, and the proxy's RSS.
 
 The upstream servers and each proxy run in their own processes so that no measurement
-shares a GIL with what it measures. The last line printed is one JSON object.
+shares a GIL with what it measures. squid is installed with apt-get (as root) and srt with
+npm into a temporary folder, when they can be; srt's host-side proxy is measured with the
+credentials srt hands its sandbox. The last line printed is one JSON object.
 Run: ``.venv/bin/python bench/egress.py [--size-mib 1024] [--quick]``.
 """
 
@@ -26,8 +28,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _srt import install_srt, srt_proxy
 
 HOST = "127.0.0.1"
 NAME = "allowed.test"
@@ -191,11 +196,25 @@ def drain(sock: socket.socket, expected: int, already: int = 0) -> int:
     return got
 
 
-def tunnel_open(proxy: int | None, port: int) -> socket.socket:
+@dataclass(frozen=True)
+class Via:
+    """A proxy to measure: its port, the upstream's name there, a Proxy-Authorization line."""
+
+    port: int
+    name: str = NAME
+    auth: str = ""
+
+    def head(self, method: str, target: str, upstream: int) -> bytes:
+        return (
+            f"{method} {target} HTTP/1.1\r\nHost: {self.name}:{upstream}\r\n{self.auth}\r\n"
+        ).encode()
+
+
+def tunnel_open(proxy: Via | None, port: int) -> socket.socket:
     if proxy is None:
         return socket.create_connection((HOST, port), 10)
-    sock = socket.create_connection((HOST, proxy), 10)
-    sock.sendall(f"CONNECT {NAME}:{port} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode())
+    sock = socket.create_connection((HOST, proxy.port), 10)
+    sock.sendall(proxy.head("CONNECT", f"{proxy.name}:{port}", port))
     head, rest = recv_exact_head(sock)
     if b" 200 " not in head.split(b"\r\n")[0] + b" ":
         raise RuntimeError(f"CONNECT refused: {head[:80]!r}")
@@ -203,7 +222,7 @@ def tunnel_open(proxy: int | None, port: int) -> socket.socket:
     return sock
 
 
-def tunnel_throughput(proxy: int | None, port: int, size: int) -> float:
+def tunnel_throughput(proxy: Via | None, port: int, size: int) -> float:
     sock = tunnel_open(proxy, port)
     with sock:
         started = time.perf_counter()
@@ -215,13 +234,15 @@ def tunnel_throughput(proxy: int | None, port: int, size: int) -> float:
     return size / elapsed
 
 
-def forward_throughput(proxy: int | None, port: int, size: int) -> float:
-    target = proxy if proxy is not None else port
+def forward_throughput(proxy: Via | None, port: int, size: int) -> float:
+    target = proxy.port if proxy is not None else port
     sock = socket.create_connection((HOST, target), 10)
     with sock:
         started = time.perf_counter()
-        url = f"http://{NAME}:{port}/big/{size}" if proxy is not None else f"/big/{size}"
-        sock.sendall(f"GET {url} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode())
+        if proxy is not None:
+            sock.sendall(proxy.head("GET", f"http://{proxy.name}:{port}/big/{size}", port))
+        else:
+            sock.sendall(f"GET /big/{size} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode())
         head, rest = recv_exact_head(sock)
         if b" 200 " not in head.split(b"\r\n")[0] + b" ":
             raise RuntimeError(f"forward GET failed: {head[:80]!r}")
@@ -232,12 +253,14 @@ def forward_throughput(proxy: int | None, port: int, size: int) -> float:
     return size / elapsed
 
 
-def latency(proxy: int | None, port: int, count: int) -> tuple[float, float, int]:
+def latency(proxy: Via | None, port: int, count: int) -> tuple[float, float, int]:
     samples = []
     errors = 0
-    target = proxy if proxy is not None else port
-    url = f"http://{NAME}:{port}/" if proxy is not None else "/"
-    request = f"GET {url} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode()
+    target = proxy.port if proxy is not None else port
+    if proxy is not None:
+        request = proxy.head("GET", f"http://{proxy.name}:{port}/", port)
+    else:
+        request = f"GET / HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode()
     for _ in range(count):
         started = time.perf_counter()
         try:
@@ -263,7 +286,7 @@ def latency(proxy: int | None, port: int, count: int) -> tuple[float, float, int
     return p50, p99, errors
 
 
-def concurrent(proxy: int, port: int, pid: int, count: int, hold: float) -> dict[str, Any]:
+def concurrent(proxy: Via, port: int, pid: int, count: int, hold: float) -> dict[str, Any]:
     socks: list[socket.socket] = []
     errors = 0
     started = time.perf_counter()
@@ -349,7 +372,7 @@ def squid(binary: str) -> Iterator[tuple[int, int]]:
 
 
 def run_suite(
-    label: str, proxy: int | None, ports: list[int], size: int, samples: int
+    label: str, proxy: Via | None, ports: list[int], size: int, samples: int
 ) -> dict[str, Any]:
     source, http, _ = ports
     tunnel = max(tunnel_throughput(proxy, source, size) for _ in range(2))
@@ -389,20 +412,32 @@ def main() -> int:
             assert stockade.stdout is not None
             port = int(stockade.stdout.readline())
             wait_port(port)
-            out["stockade"] = run_suite("stockade", port, ports, size, args.requests)
+            out["stockade"] = run_suite("stockade", Via(port), ports, size, args.requests)
             out["stockade"]["concurrent"] = concurrent(
-                port, ports[2], stockade.pid, args.concurrent, args.hold
+                Via(port), ports[2], stockade.pid, args.concurrent, args.hold
             )
             print(f"concurrent: {out['stockade']['concurrent']}", file=sys.stderr)
         binary = ensure_squid()
         if binary is not None:
             with squid(binary) as (port, pid):
-                out["squid"] = run_suite("squid", port, ports, size, args.requests)
+                out["squid"] = run_suite("squid", Via(port), ports, size, args.requests)
                 out["squid"]["rss_kib"] = rss_kib(pid)
         else:
             out["squid"] = None
         out["srt"] = None
-        out["srt_note"] = "srt (@anthropic-ai/sandbox-runtime) is not installed; skipped"
+        with tempfile.TemporaryDirectory(prefix="stockade-srt-") as tmp:
+            srt = install_srt(Path(tmp))
+            if srt is None:
+                out["srt_note"] = "srt (@anthropic-ai/sandbox-runtime): npm cannot install it"
+            else:
+                # srt has no host mapping: the upstream is asked for as "localhost".
+                with srt_proxy(srt, Path(tmp), "localhost") as found:
+                    if found is None:
+                        out["srt_note"] = "srt did not start (see: srt --debug)"
+                    else:
+                        port, auth = found
+                        via = Via(port, "localhost", auth)
+                        out["srt"] = run_suite("srt", via, ports, size, args.requests)
     s, d = out["stockade"], out["direct"]
     ratios: dict[str, Any] = {
         "added_p50_ms": round(s["p50_ms"] - d["p50_ms"], 3),
@@ -413,9 +448,15 @@ def main() -> int:
         ratios["tunnel_vs_squid"] = round(s["tunnel_GBps"] / q["tunnel_GBps"], 3)
         ratios["forward_vs_squid"] = round(s["forward_GBps"] / q["forward_GBps"], 3)
         ratios["p50_vs_squid"] = round(s["p50_ms"] / q["p50_ms"], 3)
+    if out["srt"]:
+        r = out["srt"]
+        ratios["tunnel_vs_srt"] = round(s["tunnel_GBps"] / r["tunnel_GBps"], 3)
+        ratios["forward_vs_srt"] = round(s["forward_GBps"] / r["forward_GBps"], 3)
+        ratios["p50_vs_srt"] = round(s["p50_ms"] / r["p50_ms"], 3)
     targets = {
         "tunnel_ge_squid": bool(out["squid"]) and ratios.get("tunnel_vs_squid", 0) >= 1,
         "forward_ge_squid": bool(out["squid"]) and ratios.get("forward_vs_squid", 0) >= 1,
+        "tunnel_ge_4x_srt": bool(out["srt"]) and ratios.get("tunnel_vs_srt", 0) >= 4,
         "added_p50_le_0.5ms": ratios["added_p50_ms"] <= 0.5,
         "concurrent_no_error": s["concurrent"]["errors"] == 0,
     }

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _srt import install_srt
+
 N = int(os.environ.get("STOCKADE_BENCH_N", "40"))
 
 
@@ -37,32 +39,6 @@ def mean_ms(fn: Callable[[], object], n: int = N) -> float:
 
 def run(argv: list[str], **kw: object) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)  # type: ignore[call-overload]
-
-
-def install_srt(root: Path) -> str | None:
-    """Install sandbox-runtime into ``root`` with npm; return the srt path, or None."""
-    # srt refuses to start without ripgrep and socat; install them as root when missing.
-    missing = [
-        pkg for pkg, binary in (("ripgrep", "rg"), ("socat", "socat")) if not shutil.which(binary)
-    ]
-    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", *missing], capture_output=True, check=False
-        )
-    existing = shutil.which("srt")
-    if existing:
-        return existing
-    if not shutil.which("npm"):
-        return None
-    proc = subprocess.run(
-        ["npm", "install", "--silent", "--prefix", str(root), "@anthropic-ai/sandbox-runtime"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    srt = root / "node_modules" / ".bin" / "srt"
-    return str(srt) if proc.returncode == 0 and srt.exists() else None
 
 
 def main() -> int:
