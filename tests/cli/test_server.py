@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,55 +20,36 @@ import pytest
 
 from stockade.cli import _client, server
 from tests.conftest import World, _nobody_python, require
+
+# The tests imported here (noqa: F401) are collected again in this module, where every
+# world has a server (see the `world` fixture).
 from tests.runtime.test_container import (
     ONLY_CONTAINER,
-    _pids_with,
+    kill_stockade_mid_run,
     run,
-    test_allowed_env_passes,
-    test_audit_log_records_start_end_and_denials,
-    test_background_process_does_not_survive,
-    test_canary_files_in_home_are_invisible,
-    test_command_not_found_is_127,
-    test_credential_env_is_absent,
-    test_exit_codes_pass_through,
-    test_host_pids_are_invisible,
-    test_killed_by_signal_is_128_plus_n,
-    test_malformed_policy_exits_125_naming_the_key,
-    test_protected_paths_are_read_only,
-    test_sigterm_reaches_the_command,
-    test_timeout_kills_the_tree_and_exits_124,
-    test_workspace_file_is_readable,
-    test_write_inside_workspace_works,
-    test_write_outside_workspace_fails,
+    test_allowed_env_passes,  # noqa: F401
+    test_audit_log_records_start_end_and_denials,  # noqa: F401
+    test_background_process_does_not_survive,  # noqa: F401
+    test_canary_files_in_home_are_invisible,  # noqa: F401
+    test_command_not_found_is_127,  # noqa: F401
+    test_credential_env_is_absent,  # noqa: F401
+    test_exit_codes_pass_through,  # noqa: F401
+    test_host_pids_are_invisible,  # noqa: F401
+    test_killed_by_signal_is_128_plus_n,  # noqa: F401
+    test_malformed_policy_exits_125_naming_the_key,  # noqa: F401
+    test_protected_paths_are_read_only,  # noqa: F401
+    test_sigterm_reaches_the_command,  # noqa: F401
+    test_timeout_kills_the_tree_and_exits_124,  # noqa: F401
+    test_workspace_file_is_readable,  # noqa: F401
+    test_write_inside_workspace_works,  # noqa: F401
+    test_write_outside_workspace_fails,  # noqa: F401
 )
 from tests.runtime.test_layers import (
-    test_interactive_bash_under_a_pty,
-    test_tiocsti_cannot_reach_the_callers_terminal,
+    test_interactive_bash_under_a_pty,  # noqa: F401
+    test_tiocsti_cannot_reach_the_callers_terminal,  # noqa: F401
 )
 
 pytestmark = pytest.mark.usefixtures("kernel")
-
-# Collected again in this module, where every world has a server (see `world` below).
-SERVED = (
-    test_interactive_bash_under_a_pty,
-    test_tiocsti_cannot_reach_the_callers_terminal,
-    test_allowed_env_passes,
-    test_audit_log_records_start_end_and_denials,
-    test_background_process_does_not_survive,
-    test_canary_files_in_home_are_invisible,
-    test_command_not_found_is_127,
-    test_credential_env_is_absent,
-    test_exit_codes_pass_through,
-    test_host_pids_are_invisible,
-    test_killed_by_signal_is_128_plus_n,
-    test_malformed_policy_exits_125_naming_the_key,
-    test_protected_paths_are_read_only,
-    test_sigterm_reaches_the_command,
-    test_timeout_kills_the_tree_and_exits_124,
-    test_workspace_file_is_readable,
-    test_write_inside_workspace_works,
-    test_write_outside_workspace_fails,
-)
 
 
 def server_events(world: World, kind: str | None = None) -> list[dict[str, object]]:
@@ -134,47 +114,26 @@ def test_caller_state_reaches_the_run(world: World) -> None:
         capture_output=True,
         text=True,
         check=False,
-        preexec_fn=lambda: (os.umask(0o027), _lower_nofile(200)),
+        preexec_fn=_narrow_process_state,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["in=hello", str(world.workspace / "sub"), "0027", "200"]
     assert proc.stderr.startswith("err\n")
-    assert server_events(world, "server_run")[-1]["argv"][-1].startswith("read line")
+    argv = server_events(world, "server_run")[-1]["argv"]
+    assert isinstance(argv, list)
+    assert argv[-1].startswith("read line")
 
 
-def _lower_nofile(n: int) -> None:
+def _narrow_process_state() -> None:
+    """The caller's umask and open-file limit, which the served run must inherit."""
     import resource
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    os.umask(0o027)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
 
 
 def test_a_killed_caller_takes_its_sandbox_along(world: World) -> None:
-    marker = f"{world.canary}-served-kill"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            *ONLY_CONTAINER,
-            "--",
-            "sh",
-            "-c",
-            f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}",
-        ],
-        cwd=world.workspace,
-        env=world.env,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(_pids_with(marker)) < 2:
-        time.sleep(0.05)
-    assert len(_pids_with(marker)) >= 2, "the sandboxed processes never started"
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _pids_with(marker):
-        time.sleep(0.05)
-    assert _pids_with(marker) == []
+    kill_stockade_mid_run(world, f"{world.canary}-served-kill")
     # The next run (served too) tidies what the killed one left in the workspace.
     assert run(world, "true").returncode == 0
     assert sorted(os.listdir(world.workspace)) == ["README"]

@@ -206,6 +206,15 @@ def raw_upstream() -> Iterator[Callable[..., RawUpstream]]:
         upstream.sock.close()
 
 
+def read_until(sock: socket.socket, end: bytes) -> bytes:
+    data = b""
+    while not data.endswith(end):
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    return data
+
+
 def get(proxy: ProxyHarness, port: int, sock: socket.socket | None = None) -> socket.socket:
     sock = sock or proxy.connect()
     sock.sendall(
@@ -224,11 +233,7 @@ def test_bytes_after_a_plain_body_never_reach_the_client(
     proxy = make_proxy()
     sock = get(proxy, upstream.port)
     sock.settimeout(TIMEOUT)
-    first = b""
-    while not first.endswith(b"hello"):
-        chunk = sock.recv(65536)
-        assert chunk, first
-        first += chunk
+    first = read_until(sock, b"hello")
     head, _, body = first.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"x-up: 1" in head.lower()
@@ -236,11 +241,7 @@ def test_bytes_after_a_plain_body_never_reach_the_client(
     # The twin: the same client connection serves a second request, whose answer is the
     # upstream's real first response again, not the bytes it appended.
     get(proxy, upstream.port, sock)
-    second = b""
-    while not second.endswith(b"hello"):
-        chunk = sock.recv(65536)
-        assert chunk, second
-        second += chunk
+    second = read_until(sock, b"hello")
     assert b"EVIL" not in first + second
     sock.close()
     assert len(upstream.requests) == 2

@@ -154,8 +154,9 @@ def test_background_process_does_not_survive(world: World) -> None:
     assert _pids_with(marker) == []
 
 
-def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
-    marker = f"{world.canary}-kill"
+def kill_stockade_mid_run(world: World, marker: str) -> int:
+    """Start a run holding two marked processes, SIGKILL the stockade process, and
+    check that the marked processes go too; return the killed process's pid."""
     p = subprocess.Popen(
         [
             sys.executable,
@@ -181,12 +182,17 @@ def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
     while time.monotonic() < deadline and _pids_with(marker):
         time.sleep(0.05)
     assert _pids_with(marker) == []
+    return p.pid
+
+
+def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
+    pid = kill_stockade_mid_run(world, f"{world.canary}-kill")
     # What the killed run left (its scratch directory, the placeholders of protected
     # paths) goes with the next run.
-    assert list(Path(tempfile.gettempdir()).glob(f"stockade-{p.pid}-*"))
+    assert list(Path(tempfile.gettempdir()).glob(f"stockade-{pid}-*"))
     assert (world.workspace / ".vscode").is_dir()
     assert run(world, "true").returncode == 0
-    assert not list(Path(tempfile.gettempdir()).glob(f"stockade-{p.pid}-*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"stockade-{pid}-*"))
     assert sorted(os.listdir(world.workspace)) == ["README"]
 
 
