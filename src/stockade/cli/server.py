@@ -247,7 +247,6 @@ def serve(path: str, idle: float) -> int:
     sock_path = Path(path)
     _private_dir(sock_path.parent)
     watched = _warm()
-    mine = _context("self")
     # Workers are forks: keep the collector from walking (and so copying) every page
     # of the warm heap in each of them.
     import gc
@@ -287,7 +286,7 @@ def serve(path: str, idle: float) -> int:
             # while a run is starting: on a small machine the fork would compete with
             # it for the CPU, and a caller's start-up (some 20 ms) leaves time enough.
             if spare is None and (wanted or not workers):
-                spare = _fork_spare(listener, news_r, news_w, watched, mine, audit)
+                spare = _fork_spare(listener, news_r, news_w, watched, audit)
                 wanted = False
             watch = [news_r] if spare is not None else [news_r, listener.fileno()]
             try:
@@ -341,7 +340,6 @@ def _fork_spare(
     news_r: int,
     news_w: int,
     watched: dict[str, int],
-    mine: dict[str, object],
     audit: AuditLog,
 ) -> int:
     """Fork a worker that waits for the next connection; return its pid."""
@@ -357,6 +355,9 @@ def _fork_spare(
         os.close(news_r)
         if os.getppid() == 1:
             os._exit(0)
+        # What the worker's runs will be confined by, read before a caller waits: a
+        # spare is forked anew after every run, so this is as fresh as the server's own.
+        mine = _context("self")
         conn, _ = listener.accept()
         listener.close()
         stale = _stale(watched)
@@ -424,13 +425,13 @@ def context_difference(pid: int, mine: dict[str, object] | None = None) -> str |
     fewer capabilities, another namespace or cgroup) would escape that confinement if
     its run were made here, so it is declined and runs the command itself.
     """
+    if mine is None:
+        mine = _context("self")
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
         return "the caller is gone"
     try:
-        if mine is None:
-            mine = _context("self")
         theirs = _context(pid)
         # The pidfd pins the process: had it exited (and its pid been reused) while
         # /proc was read, the pidfd would now be readable.
