@@ -240,3 +240,32 @@ def test_another_user_cannot_reach_the_socket(world: World) -> None:
     assert sock is not None
     sock.close()
     assert run(world, "true").returncode == 0
+
+
+def _raw_request(world: World, argv: list[str]) -> bytes:
+    """Send a request by hand (as any process of the user could) and return the answer."""
+    import _socket
+
+    sock = _client.connect(_client.socket_path(world.env))
+    assert sock is not None
+    cwd = os.open(world.workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2, cwd))
+        sock.sendmsg([_client._request(argv)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+        sock.settimeout(10)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return answer
+    finally:
+        os.close(cwd)
+        sock.close()
+
+
+def test_only_run_is_served(world: World) -> None:
+    answer = _raw_request(world, ["server", "stop"])
+    assert answer.startswith(_client.REFUSED)
+    assert b"'stockade run' only" in answer
+    assert world.stockade("server", "status").returncode == 0  # still there
+    # The twin: a run request is accepted and runs.
+    assert _raw_request(world, ["run", "--", "true"]).startswith(_client.ACCEPTED)

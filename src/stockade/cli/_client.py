@@ -43,8 +43,9 @@ INHERITED_IGNORES = (
 )
 #: the longest path a unix socket address holds (sun_path, with its NUL)
 MAX_SOCKET_PATH = 107
-#: how long to wait for the server's first answer before running in this process
-ANSWER_TIMEOUT_S = 5.0
+#: how long to wait for the server's first answer; then the run is abandoned, never
+#: repeated here: the server may have started it a moment before the wait ended
+ANSWER_TIMEOUT_S = 60.0
 
 # Messages from the server: accepted (the run is under way: never fall back after this),
 # refused (with a reason; nothing ran) and the exit status.
@@ -153,6 +154,13 @@ def _converse(sock: _socket.socket, args: list[str]) -> int | None:
     sock.settimeout(ANSWER_TIMEOUT_S)
     try:
         first = sock.recv(1)
+    except TimeoutError:
+        print(
+            f"stockade: the run server did not answer in {ANSWER_TIMEOUT_S:g}s; the command "
+            "did not run (stop the server with 'stockade server stop', or set STOCKADE_SERVER=0)",
+            file=sys.stderr,
+        )
+        return 125
     except OSError:
         first = b""
     if first != ACCEPTED:

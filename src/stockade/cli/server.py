@@ -476,6 +476,9 @@ def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
     fields = marshal.loads(data[4 : 4 + size])  # noqa: S302
     if not isinstance(fields, tuple) or len(fields) != 6 or fields[0] != _client.PROTOCOL:
         raise ValueError("unknown protocol")
+    argv = fields[1]
+    if not isinstance(argv, list) or not argv or argv[0] != "run":
+        raise ValueError("the server serves 'stockade run' only")
     if len(fds) != 4:
         raise ValueError("expected four descriptors")
     return fields, fds
