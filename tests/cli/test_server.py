@@ -24,7 +24,7 @@ from tests.conftest import World, _nobody_python, require
 # The tests imported here (noqa: F401) are collected again in this module, where every
 # world has a server (see the `world` fixture).
 from tests.runtime.test_container import (
-    ONLY_CONTAINER,
+    cli_run_argv,
     kill_stockade_mid_run,
     run,
     test_allowed_env_passes,  # noqa: F401
@@ -97,17 +97,7 @@ def test_status_start_stop(world: World) -> None:
 def test_caller_state_reaches_the_run(world: World) -> None:
     (world.workspace / "sub").mkdir()
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            *ONLY_CONTAINER,
-            "--",
-            "sh",
-            "-c",
-            "read line; echo in=$line; pwd; umask; ulimit -n; echo err >&2",
-        ],
+        cli_run_argv("sh", "-c", "read line; echo in=$line; pwd; umask; ulimit -n; echo err >&2"),
         input="hello\n",
         cwd=world.workspace / "sub",
         env=world.env,

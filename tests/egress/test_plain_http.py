@@ -248,16 +248,20 @@ def test_bytes_after_a_plain_body_never_reach_the_client(
     assert b"connection: close" in upstream.requests[0].lower()
 
 
+def answered(make_proxy: MakeProxy, upstream: RawUpstream) -> bytes:
+    """What a client gets, up to the proxy's close, for a GET to ``upstream``."""
+    sock = get(make_proxy(), upstream.port)
+    with sock:
+        sock.settimeout(TIMEOUT)
+        return read_all(sock)
+
+
 def test_a_plain_body_cut_short_closes_the_client(
     make_proxy: MakeProxy, raw_upstream: Callable[..., RawUpstream]
 ) -> None:
     upstream = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
-    proxy = make_proxy()
-    sock = get(proxy, upstream.port)
-    sock.settimeout(TIMEOUT)
-    data = read_all(sock)
-    assert data.endswith(b"\r\n\r\nhel")  # then the proxy closed: the client sees a cut body
-    sock.close()
+    # The proxy closes after the short body: the client sees a cut body.
+    assert answered(make_proxy, upstream).endswith(b"\r\n\r\nhel")
 
 
 @pytest.mark.parametrize(
@@ -292,9 +296,4 @@ def test_a_malformed_plain_response_is_a_502(
     make_proxy: MakeProxy, raw_upstream: Callable[..., RawUpstream]
 ) -> None:
     upstream = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
-    proxy = make_proxy()
-    sock = get(proxy, upstream.port)
-    sock.settimeout(TIMEOUT)
-    data = read_all(sock)
-    assert data.startswith(b"HTTP/1.1 502 ")
-    sock.close()
+    assert answered(make_proxy, upstream).startswith(b"HTTP/1.1 502 ")

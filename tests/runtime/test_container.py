@@ -21,6 +21,11 @@ pytestmark = pytest.mark.usefixtures("kernel")
 ONLY_CONTAINER = ("--disable", "files", "--disable", "syscalls")
 
 
+def cli_run_argv(*cmd: str) -> list[str]:
+    """``python -m stockade run`` with only the container layer, for ``cmd``."""
+    return [sys.executable, "-m", "stockade", "run", *ONLY_CONTAINER, "--", *cmd]
+
+
 def run(
     world: World, *cmd: str, extra: tuple[str, ...] = ONLY_CONTAINER
 ) -> subprocess.CompletedProcess[str]:
@@ -158,17 +163,7 @@ def kill_stockade_mid_run(world: World, marker: str) -> int:
     """Start a run holding two marked processes, SIGKILL the stockade process, and
     check that the marked processes go too; return the killed process's pid."""
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            *ONLY_CONTAINER,
-            "--",
-            "sh",
-            "-c",
-            f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}",
-        ],
+        cli_run_argv("sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"),
         cwd=world.workspace,
         env=world.env,
     )
@@ -213,17 +208,9 @@ def test_command_not_found_is_127(world: World) -> None:
 
 def test_sigterm_reaches_the_command(world: World) -> None:
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            *ONLY_CONTAINER,
-            "--",
-            "sh",
-            "-c",
-            "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
-        ],
+        cli_run_argv(
+            "sh", "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"
+        ),
         cwd=world.workspace,
         env=world.env,
         stdout=subprocess.PIPE,
@@ -396,17 +383,9 @@ def test_srt_settings_run_directly(world: World) -> None:
 
 def test_concurrent_runs_share_placeholders(world: World) -> None:
     long = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            *ONLY_CONTAINER,
-            "--",
-            "sh",
-            "-c",
-            "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?",
-        ],
+        cli_run_argv(
+            "sh", "-c", "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?"
+        ),
         cwd=world.workspace,
         env=world.env,
         stdout=subprocess.PIPE,
