@@ -8,12 +8,15 @@ caller still gets its sandboxed run), signals, a caller killed outright, stale c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -240,6 +243,8 @@ def _raw_request(world: World, argv: list[str]) -> bytes:
     assert sock is not None
     cwd = os.open(world.workspace, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        sock.settimeout(10)
+        assert sock.recv(1) == _client.HELLO
         fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2, cwd))
         sock.sendmsg([_client._request(argv)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         sock.settimeout(10)
@@ -259,3 +264,60 @@ def test_only_run_is_served(world: World) -> None:
     assert world.stockade("server", "status").returncode == 0  # still there
     # The twin: a run request is accepted and runs.
     assert _raw_request(world, ["run", "--", "true"]).startswith(_client.ACCEPTED)
+
+
+@contextlib.contextmanager
+def impostor(world: World, behaviour: Callable[[socket.socket], None]) -> Iterator[None]:
+    """A listener of this user on the server's socket that misbehaves as told."""
+    world.stockade("server", "stop")
+    path = _client.socket_path(world.env)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    thread = threading.Thread(target=behaviour, args=(listener,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        listener.close()
+        os.unlink(path)
+        start_server(world)  # the fixture expects a served run
+        assert run(world, "true").returncode == 0
+
+
+def test_a_server_that_never_answers_costs_a_wait_then_runs_here(world: World) -> None:
+    with impostor(world, lambda listener: None):  # never accepts, never says hello
+        env = dict(world.env, STOCKADE_SERVER_TIMEOUT="0.5")
+        proc = world.stockade("run", "--", "touch", "ran", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert (world.workspace / "ran").exists()
+
+
+def test_a_server_silent_after_the_request_never_gets_it_run_twice(world: World) -> None:
+    """A request handed over may have started: the caller gives up (125), it does not
+    run the command again in-process."""
+    taken: list[bytes] = []
+
+    def hello_then_silence(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        conn.sendall(_client.HELLO)
+        message, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
+        for _, _, raw in ancillary:  # close what it was handed, as a real worker would
+            for i in range(0, len(raw) - len(raw) % 4, 4):
+                os.close(int.from_bytes(raw[i : i + 4], sys.byteorder))
+        taken.append(message)
+        time.sleep(3)
+        conn.close()
+
+    with impostor(world, hello_then_silence):
+        env = dict(world.env, STOCKADE_SERVER_TIMEOUT="0.5")
+        proc = world.stockade("run", "--", "touch", "ran", env=env)
+        assert proc.returncode == 125
+        assert "did not answer" in proc.stderr
+        assert not (world.workspace / "ran").exists()
+        assert taken
+        assert b"touch" in taken[0]
+        # The twin: told to ignore servers, the same command runs, in-process.
+        env["STOCKADE_SERVER"] = "0"
+        assert world.stockade("run", "--", "touch", "ran", env=env).returncode == 0
+        assert (world.workspace / "ran").exists()

@@ -43,12 +43,14 @@ INHERITED_IGNORES = (
 )
 #: the longest path a unix socket address holds (sun_path, with its NUL)
 MAX_SOCKET_PATH = 107
-#: how long to wait for the server's first answer; then the run is abandoned, never
-#: repeated here: the server may have started it a moment before the wait ended
-ANSWER_TIMEOUT_S = 60.0
+#: how long to wait for each answer of the server (``STOCKADE_SERVER_TIMEOUT`` overrides):
+#: silence before the request was sent means running here; after it, giving up (exit 125)
+ANSWER_TIMEOUT_S = 10.0
 
-# Messages from the server: accepted (the run is under way: never fall back after this),
-# refused (with a reason; nothing ran) and the exit status.
+# Messages from the server: hello (a worker has the connection and serves this caller),
+# accepted (the run is under way: never fall back after this), refused (with a reason;
+# nothing ran) and the exit status.
+HELLO = b"H"
 ACCEPTED = b"A"
 REFUSED = b"R"
 EXITED = b"X"
@@ -131,7 +133,40 @@ def run(args: list[str]) -> int | None:
         sock.close()
 
 
+def _timeout() -> float:
+    try:
+        wait = float(os.environ.get("STOCKADE_SERVER_TIMEOUT") or ANSWER_TIMEOUT_S)
+    except ValueError:
+        return ANSWER_TIMEOUT_S
+    return wait if wait > 0 else ANSWER_TIMEOUT_S
+
+
+def _answer(sock: _socket.socket, wait: float) -> bytes | None:
+    """The server's next one-byte message; b"" when it closed; None when it said nothing."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
+
+
+def _declined(sock: _socket.socket, answer: bytes | None) -> None:
+    if answer == REFUSED and os.environ.get("STOCKADE_DEBUG"):
+        reason = _read_line(sock)
+        print(f"stockade: the run server declined ({reason}); running here", file=sys.stderr)
+
+
 def _converse(sock: _socket.socket, args: list[str]) -> int | None:
+    wait = _timeout()
+    # First the worker's hello: it has taken the connection and accepted who we are.
+    # Until then nothing was sent, so silence or a refusal is safe to answer by running
+    # the command here; and no descriptor of ours is handed to a server that is stuck.
+    hello = _answer(sock, wait)
+    if hello != HELLO:
+        _declined(sock, hello)
+        return None
     try:
         # The run gets these descriptors, not copies of their paths: a closed one, or a
         # deleted working directory, is left to the in-process run to report.
@@ -151,23 +186,18 @@ def _converse(sock: _socket.socket, args: list[str]) -> int | None:
             return None
     finally:
         os.close(cwd)
-    sock.settimeout(ANSWER_TIMEOUT_S)
-    try:
-        first = sock.recv(1)
-    except TimeoutError:
+    answer = _answer(sock, wait)
+    if answer is None:
+        # The request is the worker's now and it may have started: never run it twice.
         print(
-            f"stockade: the run server did not answer in {ANSWER_TIMEOUT_S:g}s; the command "
-            "did not run (stop the server with 'stockade server stop', or set STOCKADE_SERVER=0)",
+            f"stockade: the run server did not answer in {wait:g}s; the command was not "
+            "run here (stop the server with 'stockade server stop', or set STOCKADE_SERVER=0)",
             file=sys.stderr,
         )
         return 125
-    except OSError:
-        first = b""
-    if first != ACCEPTED:
-        if first == REFUSED and os.environ.get("STOCKADE_DEBUG"):
-            reason = _read_line(sock)
-            print(f"stockade: the run server declined ({reason}); running here", file=sys.stderr)
-        return None  # nothing ran: the caller runs the command itself
+    if answer != ACCEPTED:
+        _declined(sock, answer)
+        return None  # refused, or gone before accepting: nothing ran
     sock.settimeout(None)
     return _wait(sock)
 

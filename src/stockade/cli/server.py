@@ -497,9 +497,10 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
         request = None
         if why is None:
             try:
+                conn.sendall(_client.HELLO)  # only now does the caller send its request
                 request = _receive(conn)
-            except EOFError:
-                _done(news)
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                _done(news)  # it only asked who listens (status, stop), or left
             except (OSError, ValueError, TypeError) as exc:
                 why = f"bad request: {exc}"
         if request is None:
