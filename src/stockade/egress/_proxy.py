@@ -156,6 +156,15 @@ class _Client:
             raise _Closed
         self.buffer += data
 
+    def take_head(self) -> bytes | None:
+        """The complete request head at the front of the buffer, removed from it; or None."""
+        end = _http.find_head_end(self.buffer)
+        if end < 0:
+            return None
+        head = bytes(self.buffer[:end])
+        del self.buffer[:end]
+        return head
+
     def read_ready(self) -> bool:
         """Take what has already arrived, without waiting; False when nothing had."""
         try:
@@ -722,18 +731,14 @@ class EgressProxy:
                 return
 
     async def _read_head(self, client: _Client, first: bool) -> bytes | None:
-        end = _http.find_head_end(client.buffer)
-        if end >= 0:  # usually so: the head came in the first read; no timer to set
-            head = bytes(client.buffer[:end])
-            del client.buffer[:end]
+        head = client.take_head()
+        if head is not None:  # usually so: the head came in the first read; no timer to set
             return head
         timeout = self.handshake_timeout if first else self.idle_timeout
         async with asyncio.timeout(timeout):
             while True:
-                end = _http.find_head_end(client.buffer)
-                if end >= 0:
-                    head = bytes(client.buffer[:end])
-                    del client.buffer[:end]
+                head = client.take_head()
+                if head is not None:
                     return head
                 try:
                     await client.read()
@@ -924,7 +929,7 @@ class EgressProxy:
             (b"content-length", b"%d" % response.length),
             (b"connection", b"keep-alive" if keep else b"close"),
         ]
-        head = b"HTTP/1.1 %d %s\r\n" % (response.status, response.reason)
+        head = _status_line(response.status, response.reason)
         body = bytes(buffer[end + 4 : end + 4 + response.length])
         # Head and the first body bytes in one write, one segment.
         await client.send(head + _header_block(out_headers) + body)
@@ -971,7 +976,9 @@ class EgressProxy:
                 continue
             if isinstance(event, h11.InformationalResponse):
                 if request.http_version == b"1.1":
-                    await client.send(_status_line(event) + _header_block(event.headers))
+                    await client.send(
+                        _status_line(event.status_code, event.reason) + _header_block(event.headers)
+                    )
                 continue
             if isinstance(event, h11.Response):
                 started = True
@@ -997,7 +1004,7 @@ class EgressProxy:
                     (b"connection", connection),
                 ]
                 # Held back to go out with the first body bytes: one write, one segment.
-                pending = _status_line(event) + _header_block(headers)
+                pending = _status_line(event.status_code, event.reason) + _header_block(headers)
                 continue
             if isinstance(event, h11.Data):
                 data = event.data
@@ -1030,8 +1037,8 @@ def _header(headers: Sequence[tuple[bytes, bytes]], wanted: bytes) -> bytes | No
     return None
 
 
-def _status_line(event: h11.Response | h11.InformationalResponse) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (event.status_code, bytes(event.reason))
+def _status_line(status: int, reason: bytes) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, bytes(reason))
 
 
 def _header_block(headers: Sequence[tuple[bytes, bytes]]) -> bytes:

@@ -99,13 +99,9 @@ def prime_attach(support: CgroupSupport) -> None:
     """
     import threading
 
-    own = _own_paths()
-    if support.version == 2:
-        base = next(iter(support.parents.values()))
-        procs = base / "cgroup.procs"
-    else:
-        controller = next(iter(support.parents))
-        procs = CGROUP_ROOT / controller / own.get(controller, "/").lstrip("/") / "cgroup.procs"
+    # The parents detect() found are the cgroups this process is in (one per v1
+    # controller, or the v2 one): any of them will do.
+    procs = next(iter(support.parents.values())) / "cgroup.procs"
 
     def move_self() -> None:
         with contextlib.suppress(OSError):

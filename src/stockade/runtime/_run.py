@@ -801,8 +801,6 @@ def _cgroup_support(policy: Policy) -> Any:
 
 def _make_cgroup(policy: Policy, support: Any, audit: AuditLog) -> Any:
     """A cgroup for this run in ``support``, else None (noted in the audit log)."""
-    if support is None:
-        return None
     from stockade.enforce import limits
 
     try:
