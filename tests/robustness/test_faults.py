@@ -163,6 +163,28 @@ def _host_ip() -> str:
             return "127.0.0.1"
 
 
+def _probe_run(world: World, ok_server: int, go: Path, ready: Path) -> stockade.CompletedRun:
+    """Run PROBE in the sandbox: one request, ``ready``, wait for ``go``, then every way out."""
+    return stockade.run(
+        [
+            "python3",
+            "-c",
+            PROBE,
+            f"http://local.test:{ok_server}/",
+            str(ok_server),
+            str(go),
+            str(ready),
+            _host_ip(),
+        ],
+        policy=_policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _run_and_break(
     world: World, ok_server: int, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -178,24 +200,7 @@ def _run_and_break(
     result: dict[str, Any] = {}
 
     def run() -> None:
-        result["run"] = stockade.run(
-            [
-                "python3",
-                "-c",
-                PROBE,
-                f"http://local.test:{ok_server}/",
-                str(ok_server),
-                str(go),
-                str(ready),
-                _host_ip(),
-            ],
-            policy=_policy(world),
-            workspace=world.workspace,
-            env=world.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result["run"] = _probe_run(world, ok_server, go, ready)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -251,24 +256,7 @@ def test_proxy_task_failure_is_reported(
     go, ready = world.workspace / "go", world.workspace / "ready"
     ready.touch()
     go.touch()
-    r = stockade.run(
-        [
-            "python3",
-            "-c",
-            PROBE,
-            f"http://local.test:{ok_server}/",
-            str(ok_server),
-            str(go),
-            str(ready),
-            _host_ip(),
-        ],
-        policy=_policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _probe_run(world, ok_server, go, ready)
     seen = json.loads(r.stdout)
     assert seen["before"] != 200, seen
     assert seen["after"] != 200, seen

@@ -81,6 +81,19 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def processes_with(marker: str) -> list[str]:
+    """Pids of the processes whose command line holds ``marker``."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    alive.append(entry.name)
+            except OSError:
+                continue
+    return alive
+
+
 def test_thousand_connections_through_one_proxy(world: World, origin: int) -> None:
     policy = world.root / "p.toml"
     policy.write_text('[network]\nallow = ["local.test"]\nhosts = { "local.test" = "127.0.0.1" }\n')
@@ -142,15 +155,7 @@ def test_fifty_sandboxes_at_once(world: World, monkeypatch: pytest.MonkeyPatch) 
     ]
     assert [r.stdout.strip() for r in results] == [str(i) for i in range(RUNS)]
     time.sleep(0.3)
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    alive.append(entry.name)
-            except OSError:
-                continue
-    assert alive == []
+    assert processes_with(marker) == []
     support = limits.detect()
     if support is not None:
         left = [
@@ -216,14 +221,6 @@ def test_fifty_cli_sandboxes_at_once_without_cgroups(world: World, shared: bool)
     assert failed == [], f"{len(failed)} of {RUNS} failed: {sorted(set(failed))[:3]}"
     assert [o.strip() for o, _ in outs] == [str(i) for i in range(RUNS)]
     time.sleep(0.3)
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    alive.append(entry.name)
-            except OSError:
-                continue
-    assert alive == []
+    assert processes_with(marker) == []
     assert os.listdir(private_tmp) == []
     assert str(world.root) not in Path("/proc/self/mountinfo").read_text()
