@@ -381,8 +381,12 @@ def _libc() -> Any:
 
 
 def _set_parent_death_signal(signum: int) -> None:
+    """PR_SET_PDEATHSIG; OSError when the kernel refuses (the caller then exits)."""
+    import ctypes
+
     pr_set_pdeathsig = 1
-    _libc().prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
+    if _libc().prctl(pr_set_pdeathsig, int(signum), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _refuse(conn: socket.socket, reason: str) -> None:
