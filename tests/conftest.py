@@ -13,7 +13,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -95,6 +95,8 @@ class World:
     workspace: Path
     canary: str
     env: dict[str, str]
+    #: how the stockade command is started (the compiled front end, in some tests)
+    command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "stockade"])
 
     def stockade(
         self,
@@ -105,7 +107,7 @@ class World:
     ) -> subprocess.CompletedProcess[str]:
         """Run the stockade CLI in this world (cwd = workspace)."""
         return subprocess.run(
-            [sys.executable, "-m", "stockade", *args],
+            [*self.command, *args],
             cwd=cwd or self.workspace,
             env=env or self.env,
             capture_output=True,
@@ -165,8 +167,13 @@ def world() -> Iterator[World]:
 NOBODY = 65534
 
 
-def _nobody_python() -> str | None:
-    """A Python >= 3.11 that uid 65534 can execute (the venv's may live under /root)."""
+def _nobody_python(*, from_any_process: bool = False) -> str | None:
+    """A Python >= 3.11 that uid 65534 can execute (the venv's may live under /root).
+
+    setpriv still holds root's capabilities while it execs, so a path under /root passes
+    through it; ``from_any_process`` asks for one that a process of uid 65534 can exec
+    itself (as the compiled front end does).
+    """
     for cand in (
         sys.executable,
         "/usr/bin/python3",
@@ -181,6 +188,7 @@ def _nobody_python() -> str | None:
                 f"--reuid={NOBODY}",
                 f"--regid={NOBODY}",
                 "--clear-groups",
+                *(["sh", "-c", 'exec "$0" "$@"'] if from_any_process else []),
                 cand,
                 "-c",
                 "import sys; sys.exit(sys.version_info < (3, 11))",
@@ -193,10 +201,23 @@ def _nobody_python() -> str | None:
     return None
 
 
-def as_nobody(world: World, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the stockade CLI as uid 65534 in ``world`` (which is chowned to it first)."""
+def as_nobody(
+    world: World, *args: str, timeout: float = 60, command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the stockade CLI as uid 65534 in ``world`` (which is chowned to it first);
+    ``command`` replaces ``python -m stockade``."""
     if os.getuid() != 0:
-        return world.stockade(*args, timeout=timeout)
+        if command is None:
+            return world.stockade(*args, timeout=timeout)
+        return subprocess.run(
+            [*command, *args],
+            cwd=world.workspace,
+            env=world.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     python = _nobody_python()
     require(
         python is not None and shutil.which("setpriv") is not None,
@@ -215,9 +236,7 @@ def as_nobody(world: World, *args: str, timeout: float = 60) -> subprocess.Compl
             f"--reuid={NOBODY}",
             f"--regid={NOBODY}",
             "--clear-groups",
-            python,
-            "-m",
-            "stockade",
+            *(command or [python, "-m", "stockade"]),
             *args,
         ],
         cwd=world.workspace,

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stockade.cli import _client, server
 from tests.conftest import World, _nobody_python, require
@@ -69,9 +71,24 @@ def start_server(world: World) -> None:
     assert "started" in proc.stdout
 
 
-@pytest.fixture
-def world(world: World) -> Iterator[World]:
-    """The shared world, with a run server for its user; every test must be served."""
+@pytest.fixture(scope="module")
+def frontend() -> str:
+    """The compiled front end of the stockade command (cli/_frontend.c), built for this
+    installation."""
+    from stockade.cli import _frontend
+
+    return str(_frontend.build_frontend())
+
+
+@pytest.fixture(params=["python", "compiled"])
+def world(world: World, request: pytest.FixtureRequest) -> Iterator[World]:
+    """The shared world, with a run server for its user; every test must be served.
+
+    Each test runs twice: with the Python CLI as the client, and with the compiled front
+    end, which speaks the same protocol without starting Python.
+    """
+    if request.param == "compiled":
+        world.command = [request.getfixturevalue("frontend")]
     start_server(world)
     try:
         yield world
@@ -100,7 +117,9 @@ def test_status_start_stop(world: World) -> None:
 def test_caller_state_reaches_the_run(world: World) -> None:
     (world.workspace / "sub").mkdir()
     proc = subprocess.run(
-        cli_run_argv("sh", "-c", "read line; echo in=$line; pwd; umask; ulimit -n; echo err >&2"),
+        cli_run_argv(
+            world, "sh", "-c", "read line; echo in=$line; pwd; umask; ulimit -n; echo err >&2"
+        ),
         input="hello\n",
         cwd=world.workspace / "sub",
         env=world.env,
@@ -136,15 +155,16 @@ def test_a_confined_caller_is_declined_and_runs_in_process(world: World) -> None
     """no_new_privs stands for any confinement the server lacks: seccomp, a sandbox."""
     before = len(server_events(world, "server_run"))
     proc = subprocess.run(
-        ["setpriv", "--no-new-privs", sys.executable, "-m", "stockade", "run", "--", "echo", "ok"],
+        ["setpriv", "--no-new-privs", *world.command, "run", "--", "echo", "ok"],
         cwd=world.workspace,
-        env=world.env,
+        env=dict(world.env, STOCKADE_DEBUG="1"),
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "ok\n"
+    assert "the run server declined (its NoNewPrivs" in proc.stderr
     declined = server_events(world, "server_declined")
     assert declined
     assert "NoNewPrivs" in str(declined[-1]["detail"])
@@ -320,3 +340,48 @@ def test_a_server_silent_after_the_request_never_gets_it_run_twice(world: World)
         env["STOCKADE_SERVER"] = "0"
         assert world.stockade("run", "--", "touch", "ran", env=env).returncode == 0
         assert (world.workspace / "ran").exists()
+
+
+@given(
+    argv=st.lists(st.text(st.characters(blacklist_characters="\0"), max_size=20), max_size=8),
+    env=st.dictionaries(
+        st.binary(min_size=1, max_size=10).filter(lambda k: b"=" not in k and b"\0" not in k),
+        st.binary(max_size=20).filter(lambda v: b"\0" not in v),
+        max_size=8,
+    ),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_request_reads_back_as_written(argv: list[str], env: dict[bytes, bytes]) -> None:
+    saved = dict(os.environb)
+    os.environb.clear()
+    try:
+        os.environb.update(env)
+        payload = _client._request(["run", *argv])
+    finally:
+        os.environb.clear()
+        os.environb.update(saved)
+    request = server.parse_request(payload[4:])
+    assert int.from_bytes(payload[:4], "big") == len(payload) - 4
+    assert request.argv == ["run", *argv]
+    assert request.env == env
+    assert len(request.limits) == 16
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p[:-1],  # not NUL-ended
+        lambda p: p.replace(b"stockade-run\0", b"stockade-walk\0", 1),
+        lambda p: p.replace(b"stockade-run\0%d\0" % _client.PROTOCOL, b"stockade-run\0999\0"),
+        lambda p: p + b"extra\0",  # trailing field
+        lambda p: p[: p.index(b"\0", 20) + 1],  # cut after a few fields
+        lambda p: p.replace(
+            b"stockade-run\0%d\0" % _client.PROTOCOL, b"stockade-run\0%d\0-1\0" % _client.PROTOCOL
+        ),
+    ],
+)
+def test_a_damaged_request_is_refused(damage: Callable[[bytes], bytes]) -> None:
+    payload = _client._request(["run", "--", "true"])[4:]
+    assert server.parse_request(payload).argv == ["run", "--", "true"]  # the twin
+    with pytest.raises(ValueError):
+        server.parse_request(damage(payload))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,9 +20,9 @@ pytestmark = pytest.mark.usefixtures("kernel")
 ONLY_CONTAINER = ("--disable", "files", "--disable", "syscalls")
 
 
-def cli_run_argv(*cmd: str) -> list[str]:
-    """``python -m stockade run`` with only the container layer, for ``cmd``."""
-    return [sys.executable, "-m", "stockade", "run", *ONLY_CONTAINER, "--", *cmd]
+def cli_run_argv(world: World, *cmd: str) -> list[str]:
+    """``stockade run`` with only the container layer, for ``cmd``, as ``world`` runs it."""
+    return [*world.command, "run", *ONLY_CONTAINER, "--", *cmd]
 
 
 def run(
@@ -163,7 +162,7 @@ def kill_stockade_mid_run(world: World, marker: str) -> int:
     """Start a run holding two marked processes, SIGKILL the stockade process, and
     check that the marked processes go too; return the killed process's pid."""
     p = subprocess.Popen(
-        cli_run_argv("sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"),
+        cli_run_argv(world, "sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"),
         cwd=world.workspace,
         env=world.env,
     )
@@ -209,7 +208,10 @@ def test_command_not_found_is_127(world: World) -> None:
 def test_sigterm_reaches_the_command(world: World) -> None:
     p = subprocess.Popen(
         cli_run_argv(
-            "sh", "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"
+            world,
+            "sh",
+            "-c",
+            "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
         ),
         cwd=world.workspace,
         env=world.env,
@@ -384,7 +386,10 @@ def test_srt_settings_run_directly(world: World) -> None:
 def test_concurrent_runs_share_placeholders(world: World) -> None:
     long = subprocess.Popen(
         cli_run_argv(
-            "sh", "-c", "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?"
+            world,
+            "sh",
+            "-c",
+            "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?",
         ),
         cwd=world.workspace,
         env=world.env,

@@ -7,7 +7,6 @@ import os
 import pty
 import select
 import subprocess
-import sys
 import time
 
 import pytest
@@ -119,7 +118,7 @@ def _pty_run(world: World, script: bytes, *args: str, wait: float = 15) -> bytes
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs at once
         os.chdir(world.workspace)
-        os.execve(sys.executable, [sys.executable, "-m", "stockade", "run", *args], world.env)
+        os.execve(world.command[0], [*world.command, "run", *args], world.env)
     out = b""
     os.write(fd, script)
     deadline = time.monotonic() + wait

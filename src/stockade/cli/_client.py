@@ -15,7 +15,6 @@ This module is on the hot path of every ``stockade run``: it imports only C modu
 from __future__ import annotations
 
 import _socket
-import marshal
 import os
 import sys
 
@@ -26,7 +25,10 @@ else:
     import _signal  # signal.py would import enum (~5 ms) for its IntEnums
 
 #: bumped whenever the messages below change; a server of another version declines
-PROTOCOL = 1
+#: (the compiled front end, _frontend.c, speaks the same protocol)
+PROTOCOL = 2
+#: the first field of a request
+REQUEST_MAGIC = b"stockade-run"
 #: the signals a run forwards to its command (runtime._run._SIGNALS), plus SIGWINCH for a pty
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGWINCH)
 #: dispositions a run inherits from its caller when they are "ignore"
@@ -64,7 +66,7 @@ def server_dir(env: dict[str, str] | os._Environ[str]) -> str:
     return os.path.join(base, "stockade", "server")
 
 
-def installation_key() -> str:
+def installation_key(executable: str | None = None) -> str:
     """Which installation a server belongs to: this interpreter and this package.
 
     FNV-1a, not SHA-256: the key only tells installations apart inside the user's own
@@ -73,7 +75,7 @@ def installation_key() -> str:
     """
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     key = 0xCBF29CE484222325
-    for byte in f"{sys.executable}\0{package}".encode():
+    for byte in f"{executable or sys.executable}\0{package}".encode():
         key = ((key ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"{key:016x}"
 
@@ -110,16 +112,31 @@ def connect(path: str) -> _socket.socket | None:
 
 
 def _request(argv: list[str]) -> bytes:
+    """The request for ``stockade ARGV``: a 4-byte big-endian size, then NUL-ended fields.
+
+    Fields: magic, protocol, umask, argc, argv..., envc, "NAME=VALUE"..., the number of
+    resource limits, "RES SOFT HARD"... (-1 is unlimited), the number of ignored signals,
+    their numbers. NUL cannot occur inside an argument or an environment entry, and
+    both sides, Python and C, write and read this without a serialisation library.
+    """
     import resource  # C module, cheap
 
     umask = os.umask(0o077)
     os.umask(umask)
-    limits = [
-        (res, *resource.getrlimit(res)) for res in range(getattr(resource, "RLIM_NLIMITS", 16))
-    ]
+    fields = [REQUEST_MAGIC, b"%d" % PROTOCOL, b"%d" % umask, b"%d" % len(argv)]
+    fields += [os.fsencode(arg) for arg in argv]
+    env = [key + b"=" + value for key, value in os.environb.items()]
+    fields += [b"%d" % len(env), *env]
+    limits = [b"%d %d %d" % (res, *resource.getrlimit(res)) for res in range(_NLIMITS)]
+    fields += [b"%d" % len(limits), *limits]
     ignored = [s for s in INHERITED_IGNORES if _signal.getsignal(s) == _signal.SIG_IGN]
-    payload = marshal.dumps((PROTOCOL, argv, dict(os.environb), umask, limits, ignored))
+    fields += [b"%d" % len(ignored), *(b"%d" % s for s in ignored)]
+    payload = b"".join(field + b"\0" for field in fields)
     return len(payload).to_bytes(4, "big") + payload
+
+
+#: resource limits a request carries (RLIM_NLIMITS of Linux; resource lacks the name)
+_NLIMITS = 16
 
 
 def run(args: list[str]) -> int | None:

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from stockade._record import record
 from stockade.cli import _client
 
 TYPE_CHECKING = False
@@ -66,8 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``server``."""
     parser.add_argument(
         "action",
-        choices=("start", "stop", "status", "run"),
-        help="start in the background, stop, report, or run in the foreground",
+        choices=("start", "stop", "status", "run", "install-frontend"),
+        help="start in the background, stop, report, run in the foreground, or install "
+        "the compiled front end of the stockade command (hands runs over without "
+        "starting Python)",
+    )
+    parser.add_argument(
+        "--bin-dir",
+        type=Path,
+        metavar="DIR",
+        help="install-frontend: where the stockade command is "
+        "(default: this installation's scripts directory)",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -80,6 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Carry out one action; 0 on success, 1 when it could not be done."""
+    if args.action == "install-frontend":
+        return _install_frontend(args.bin_dir)
     path = _client.socket_path(os.environ)
     if args.action == "status":
         return _status(path)
@@ -98,6 +110,20 @@ def execute(args: argparse.Namespace) -> int:
     if args.action == "start":
         return _start(path, args.idle_timeout)
     return serve(path, args.idle_timeout)
+
+
+def _install_frontend(bin_dir: Path | None) -> int:
+    import sysconfig
+
+    from stockade.cli import _frontend
+
+    where = bin_dir or Path(sysconfig.get_path("scripts"))
+    try:
+        print(f"stockade server: {_frontend.install(where)}")
+    except (OSError, ValueError) as exc:
+        print(f"stockade server: cannot install the front end in {where}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _running_pid(path: str) -> int | None:
@@ -449,7 +475,7 @@ def context_difference(pid: int, mine: dict[str, object] | None = None) -> str |
     return f"its {', '.join(differ)} differ from the server's" if differ else None
 
 
-def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
+def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
     """Read one request: its fields and the descriptors that came with it."""
     fds: list[int] = []
     data = b""
@@ -473,19 +499,61 @@ def _receive(conn: socket.socket) -> tuple[tuple[object, ...], list[int]]:
         if not chunk:
             raise ValueError("truncated request")
         data += chunk
-    import marshal
-
-    # marshal, not pickle: it builds plain data only, never calls code; and the sender
-    # is a process of this very security context (checked before this is read).
-    fields = marshal.loads(data[4 : 4 + size])  # noqa: S302
-    if not isinstance(fields, tuple) or len(fields) != 6 or fields[0] != _client.PROTOCOL:
-        raise ValueError("unknown protocol")
-    argv = fields[1]
-    if not isinstance(argv, list) or not argv or argv[0] != "run":
+    request = parse_request(data[4 : 4 + size])
+    if not request.argv or request.argv[0] != "run":
         raise ValueError("the server serves 'stockade run' only")
     if len(fds) != 4:
         raise ValueError("expected four descriptors")
-    return fields, fds
+    return request, fds
+
+
+@record
+class Request:
+    """What a caller hands over with a run (see ``_client._request`` for the format)."""
+
+    argv: list[str]
+    env: dict[bytes, bytes]
+    umask: int
+    limits: list[tuple[int, int, int]]
+    ignored: list[int]
+
+
+def parse_request(payload: bytes) -> Request:
+    """Read a request's fields; ValueError for anything not exactly as written."""
+    fields = payload.split(b"\0")
+    if fields.pop() != b"":
+        raise ValueError("a request ends with NUL")
+    items = iter(fields)
+
+    def take() -> bytes:
+        try:
+            return next(items)
+        except StopIteration:
+            raise ValueError("truncated request") from None
+
+    def count(limit: int) -> int:
+        text = take()
+        if not text.isdigit() or int(text) > limit:
+            raise ValueError(f"bad count {text[:20]!r}")
+        return int(text)
+
+    if take() != _client.REQUEST_MAGIC or take() != b"%d" % _client.PROTOCOL:
+        raise ValueError("unknown protocol")
+    umask = count(0o777)
+    argv = [os.fsdecode(take()) for _ in range(count(len(fields)))]
+    env: dict[bytes, bytes] = {}
+    for _ in range(count(len(fields))):
+        key, eq, value = take().partition(b"=")
+        if eq and key:
+            env[key] = value
+    limits = []
+    for _ in range(count(64)):
+        res, soft, hard = (int(part) for part in take().split(b" "))
+        limits.append((res, soft, hard))
+    ignored = [count(64) for _ in range(count(64))]
+    if next(items, None) is not None:
+        raise ValueError("trailing fields in the request")
+    return Request(argv=argv, env=env, umask=umask, limits=limits, ignored=ignored)
 
 
 def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news: int) -> NoReturn:
@@ -518,7 +586,7 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
             )
             _refuse(conn, why or "no request")
             _done(news)
-        audit.emit("server_run", pid=pid, argv=request[0][1])
+        audit.emit("server_run", pid=pid, argv=request[0].argv)
         code = _run_request(conn, *request)
     except BaseException:  # a worker never unwinds into the server's loop
         import traceback
@@ -540,36 +608,27 @@ def _done(news: int) -> NoReturn:
     os._exit(0)
 
 
-def _run_request(conn: socket.socket, fields: tuple[object, ...], fds: list[int]) -> int:
+def _run_request(conn: socket.socket, request: Request, fds: list[int]) -> int:
     """Take on the caller's process state, then run as ``stockade ARGS`` would."""
     import io
     import resource
     import threading
 
-    _, argv, env, umask, limits, ignored = fields
-    if not (
-        isinstance(argv, list)
-        and all(isinstance(a, str) for a in argv)
-        and isinstance(env, dict)
-        and isinstance(umask, int)
-        and isinstance(limits, list)
-        and isinstance(ignored, list)
-    ):
-        raise ValueError("malformed request")
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     os.fchdir(fds[3])
     for fd in fds:
         os.close(fd)
-    os.umask(umask)
-    for res, soft, hard in limits:
+    os.umask(request.umask)
+    for res, soft, hard in request.limits:
         # Lowering always works; a limit above the server's stays at the server's.
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(res, (soft, hard))
-    for signum in ignored:
-        signal.signal(signum, signal.SIG_IGN)
+    for signum in request.ignored:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
     os.environ.clear()
-    for key, value in env.items():
+    for key, value in request.env.items():
         os.environb[key] = value
     # Python set its standard streams up for the server's descriptors; make them anew
     # for the caller's (line-buffered on a terminal, as at any start).
@@ -580,7 +639,7 @@ def _run_request(conn: socket.socket, fields: tuple[object, ...], fds: list[int]
     sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True
     )
-    sys.argv = ["stockade", *argv]
+    sys.argv = ["stockade", *request.argv]
     main_thread = threading.main_thread().ident
     assert main_thread is not None
 
@@ -606,4 +665,4 @@ def _run_request(conn: socket.socket, fields: tuple[object, ...], fds: list[int]
     threading.Thread(target=relay, daemon=True).start()
     from stockade.cli import dispatch
 
-    return dispatch(argv)
+    return dispatch(request.argv)

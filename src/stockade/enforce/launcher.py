@@ -25,11 +25,9 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
-import stat
-import subprocess
 from pathlib import Path
 
-from stockade._exceptions import SandboxError, Unavailable
+from stockade import _build
 from stockade._hash import sha256_hex
 from stockade._record import record
 
@@ -124,27 +122,9 @@ def serialize(spec: LauncherSpec) -> bytes:
     return b"".join(out)
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stockade"
-
-
 def _source() -> bytes:
     # Next to this module (package data); importlib.resources would cost ~15 ms to import.
     return Path(__file__).with_name(_SOURCE_NAME).read_bytes()
-
-
-def _compiler() -> str:
-    import shutil  # lazy: only the first call per process needs it
-
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise Unavailable(
-        "the inner launcher (a C compiler to build it)",
-        "install gcc: apt-get install gcc libc6-dev",
-    )
 
 
 def launcher_path() -> Path:
@@ -155,7 +135,7 @@ def launcher_path() -> Path:
     the binary is self-contained, and asking ``cc --version`` on every run would cost more
     than the whole launcher does.
     """
-    return _cache_dir() / f"launcher-{_source_digest()}"
+    return _build.cache_dir() / f"launcher-{_source_digest()}"
 
 
 @functools.cache
@@ -165,76 +145,16 @@ def _source_digest() -> str:
     return sha256_hex(_source())[:16]
 
 
-def _trusted(path: Path) -> bool:
-    """True for a cached binary that only this user could have written.
-
-    The launcher runs every layer; a copy someone else could replace would be a way
-    around all of them, so anything else is rebuilt (and replaced) instead of reused.
-    """
-    try:
-        st = path.lstat()
-        parent = path.parent.stat()
-    except FileNotFoundError:
-        return False
-    uid = os.geteuid()
-    return (
-        stat.S_ISREG(st.st_mode)
-        and st.st_uid == uid
-        and parent.st_uid == uid
-        and not (st.st_mode | parent.st_mode) & 0o022
-        and os.access(path, os.X_OK)
-    )
-
-
 def build_launcher() -> Path:
     """Return the path of an executable launcher, compiling it on first use.
 
-    Compiles ``_launcher.c`` with ``cc -O2 -Wall -Werror`` (static when the toolchain
-    can, dynamic otherwise) into ``$XDG_CACHE_HOME/stockade`` (mode 0700), through a
-    temporary name and a rename so that concurrent builds never expose a partial file.
-    A cached binary is reused only if it and its directory belong to this user and are
-    not group- or world-writable.  Keep that directory out of every sandbox's writable
-    paths.
+    Compiled into ``$XDG_CACHE_HOME/stockade`` by :func:`stockade._build.build` (which
+    see: static when possible, atomic, reused only when only this user could have
+    written it). Keep that directory out of every sandbox's writable paths.
     Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
     compile fails.
     """
-    target = launcher_path()
-    if _trusted(target):
-        return target
-    cache = target.parent
-    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
-    os.chmod(cache, 0o700)
-    import tempfile  # lazy: only a first build needs it
-
-    cc = _compiler()
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
-        src = Path(tmp) / _SOURCE_NAME
-        src.write_bytes(_source())
-        out = Path(tmp) / "launcher"
-        errors = ""
-        # A static binary skips the dynamic loader (faster start, no library lookups
-        # inside the sandbox); not every host has a static libc, so fall back.
-        for extra in (["-static"], []):
-            proc = subprocess.run(
-                [cc, "-O2", "-Wall", "-Werror", *extra, "-o", str(out), str(src)],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=120,
-            )
-            if proc.returncode == 0:
-                break
-            errors = proc.stderr.strip()
-        else:
-            raise SandboxError(
-                f"compiling the inner launcher with {cc} failed: {errors.splitlines()[-1:]}; "
-                "install gcc and libc6-dev, or report a bug with the compiler output"
-            )
-        # Owner-only like its directory: the runtime and the sandbox run as one uid.
-        os.chmod(out, 0o700)
-        os.replace(out, target)
-    return target
+    return _build.build(_source(), _SOURCE_NAME, launcher_path(), "the inner launcher")
 
 
 def prepare(spec: LauncherSpec) -> tuple[list[str], int]:

@@ -1,0 +1,104 @@
+"""Compile stockade's small C programs once per source, into the user's cache.
+
+Two programs are C: the inner launcher (``enforce/_launcher.c``, run inside every
+sandbox) and the front end of the ``stockade`` command (``cli/_frontend.c``). Each binary
+is named after a digest of its source, so a changed source gets a fresh binary and a
+stale one is never reused; a cached binary is reused only when nobody but this user
+could have written it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from stockade._exceptions import SandboxError, Unavailable
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/stockade`` (``~/.cache/stockade`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "stockade"
+
+
+def compiler(what: str) -> str:
+    """The C compiler to build ``what``; :class:`Unavailable` when there is none."""
+    import shutil  # lazy: only a build needs it
+
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise Unavailable(
+        f"{what} (a C compiler to build it)",
+        "install gcc: apt-get install gcc libc6-dev",
+    )
+
+
+def trusted(path: Path) -> bool:
+    """True for a cached binary that only this user could have written.
+
+    The launcher runs every layer; a copy someone else could replace would be a way
+    around all of them, so anything else is rebuilt (and replaced) instead of reused.
+    """
+    try:
+        st = path.lstat()
+        parent = path.parent.stat()
+    except FileNotFoundError:
+        return False
+    uid = os.geteuid()
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid == uid
+        and parent.st_uid == uid
+        and not (st.st_mode | parent.st_mode) & 0o022
+        and os.access(path, os.X_OK)
+    )
+
+
+def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
+    """Compile ``source`` into ``target`` unless a trusted binary is there already.
+
+    ``cc -O2 -Wall -Werror``, static when the toolchain can (no dynamic loader to run,
+    no library lookups inside a sandbox), dynamic otherwise; into a temporary name in
+    ``target``'s directory (mode 0700) and renamed, so that concurrent builds never
+    expose a partial file. ``what`` names the program in errors.
+    Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
+    compile fails.
+    """
+    if trusted(target):
+        return target
+    cache = target.parent
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
+    os.chmod(cache, 0o700)
+    import tempfile  # lazy: only a first build needs it
+
+    cc = compiler(what)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
+        src = Path(tmp) / source_name
+        src.write_bytes(source)
+        out = Path(tmp) / "out"
+        errors = ""
+        for extra in (["-static"], []):
+            proc = subprocess.run(
+                [cc, "-O2", "-Wall", "-Werror", *extra, "-o", str(out), str(src)],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+            if proc.returncode == 0:
+                break
+            errors = proc.stderr.strip()
+        else:
+            raise SandboxError(
+                f"compiling {what} with {cc} failed: {errors.splitlines()[-1:]}; "
+                "install gcc and libc6-dev, or report a bug with the compiler output"
+            )
+        # Owner-only like its directory: the runtime and the sandbox run as one uid.
+        os.chmod(out, 0o700)
+        os.replace(out, target)
+    return target
