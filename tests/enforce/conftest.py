@@ -172,13 +172,14 @@ class Box:
         spec: LauncherSpec | None = None,
         bwrap: bool = False,
         root_in_bwrap: bool = False,
+        bwrap_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` under the launcher, as uid 65534 when the tests run as root.
 
-        ``bwrap`` puts bubblewrap in front (run by uid 65534); ``root_in_bwrap`` runs
-        bwrap as root with ``--cap-drop ALL`` instead.
+        ``bwrap`` puts bubblewrap in front (run by uid 65534), with ``bwrap_args`` added;
+        ``root_in_bwrap`` runs bwrap as root with ``--cap-drop ALL`` instead.
         """
         prefix, fd = prepare(spec if spec is not None else self.spec())
         prefix[0] = str(self.launcher)
@@ -191,7 +192,7 @@ class Box:
             if os.geteuid() == 0:
                 outer = drop
             if bwrap:
-                outer = [*outer, *BWRAP, *binds, "--"]
+                outer = [*outer, *BWRAP, *binds, *bwrap_args, "--"]
         try:
             return subprocess.run(
                 [*outer, *prefix, *argv],

@@ -18,7 +18,7 @@ from stockade._exceptions import Unavailable
 from stockade.enforce import launcher
 from stockade.enforce.launcher import LauncherSpec, prepare, serialize
 
-from .conftest import BWRAP, SITE_PACKAGES, SYSTEM_PYTHON, Box, bwrap_works, require
+from .conftest import BWRAP, NOBODY, SITE_PACKAGES, SYSTEM_PYTHON, Box, bwrap_works, require
 
 # --- format and build (no kernel features needed) ------------------------------------
 
@@ -48,6 +48,10 @@ def test_serialize_rejects_bad_input() -> None:
         serialize(LauncherSpec(seccomp_bpf=b"\0" * 7))
     with pytest.raises(ValueError, match="insns"):
         serialize(LauncherSpec(seccomp_bpf=b""))
+    with pytest.raises(ValueError, match="mount kind"):
+        serialize(LauncherSpec(mounts=(("x", "/etc"),)))
+    with pytest.raises(ValueError, match="not absolute"):
+        serialize(LauncherSpec(mounts=(("b", "etc"),)))
 
 
 def test_build_is_cached_private_and_reused(
@@ -410,3 +414,84 @@ def test_toolchain_inside_bwrap(box: Box) -> None:
         bwrap=True,
     )
     assert (r.returncode, r.stdout) == (0, "hello\nnode\n"), r.stderr
+
+
+LAUNCHER_CAPS = ("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP")
+
+
+def _mount_layout(box: Box) -> list[tuple[str, str]]:
+    """Files for each kind of launcher mount, and the spec's mounts over them."""
+    (box.ws / "prot").write_text("orig\n")
+    (box.ws / "pindir").mkdir()
+    (box.ws / "pindir" / "inner").write_text("x\n")
+    (box.ws / "maskme").write_text("MASKED-FILE\n")
+    (box.ws / "maskdir").mkdir()
+    (box.ws / "maskdir" / "secret").write_text("MASKED-DIR\n")
+    if os.geteuid() == 0:
+        for path in box.ws.rglob("*"):
+            os.chown(path, NOBODY, NOBODY)
+    return [
+        ("k", str(box.ws / "pindir")),
+        ("b", str(box.ws / "prot")),
+        ("n", str(box.ws / "maskme")),
+        ("t", str(box.ws / "maskdir")),
+    ]
+
+
+@pytest.mark.kernel
+def test_launcher_mounts_then_gives_up_every_capability(box: Box) -> None:
+    require(bwrap_works(), "bubblewrap cannot create namespaces here")
+    mounts = _mount_layout(box)
+    r = box.sh(
+        "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status;"
+        " echo evil > prot; cat maskme; ls -A maskdir; touch maskdir/new;"
+        " mv pindir pinned2; echo ok > free; echo done",
+        spec=box.spec(mounts=tuple(mounts)),
+        bwrap=True,
+        bwrap_args=LAUNCHER_CAPS,
+    )
+    assert r.returncode == 0, r.stderr
+    caps = r.stdout.splitlines()[:5]
+    assert [line.split()[1] for line in caps] == ["0000000000000000"] * 5, caps
+    assert "MASKED" not in r.stdout
+    assert (box.ws / "prot").read_text() == "orig\n"
+    assert (box.ws / "pindir" / "inner").exists()
+    assert not (box.ws / "maskdir" / "new").exists()
+    assert "Device or resource busy" in r.stderr  # the pinned directory cannot move
+    # The twin: the rest of the workspace stays writable, and the masked files are intact.
+    assert (box.ws / "free").read_text() == "ok\n"
+    assert (box.ws / "maskme").read_text() == "MASKED-FILE\n"
+    assert r.stdout.endswith("done\n")
+
+
+@pytest.mark.kernel
+def test_launcher_mounts_need_landlock(box: Box) -> None:
+    """Its mounts live in a mount namespace of its own; bubblewrap's init keeps the old
+    one, and only Landlock keeps a sandboxed process out of /proc/1/root."""
+    require(bwrap_works(), "bubblewrap cannot create namespaces here")
+    mounts = _mount_layout(box)
+    r = box.sh(
+        "echo ran > free",
+        spec=box.spec(mounts=tuple(mounts), landlock=False, scope=False, deny_probe=None),
+        bwrap=True,
+        bwrap_args=LAUNCHER_CAPS,
+    )
+    assert r.returncode == 125
+    assert "need Landlock" in r.stderr
+    assert not (box.ws / "free").exists()
+
+
+@pytest.mark.kernel
+def test_launcher_mounts_without_the_capability_fail_closed(box: Box) -> None:
+    require(bwrap_works(), "bubblewrap cannot create namespaces here")
+    mounts = _mount_layout(box)
+    r = box.sh("echo ran > free", spec=box.spec(mounts=tuple(mounts)), bwrap=True)
+    assert r.returncode == 125
+    assert "EPERM" in r.stderr
+    assert not (box.ws / "free").exists()
+    # The twin: given the capabilities, the same spec runs.
+    ok = box.sh(
+        "echo ran > free", spec=box.spec(mounts=tuple(mounts)), bwrap=True, bwrap_args=LAUNCHER_CAPS
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert (box.ws / "free").read_text() == "ran\n"

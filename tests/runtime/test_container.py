@@ -181,9 +181,9 @@ def kill_stockade_mid_run(world: World, marker: str) -> int:
 
 def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
     pid = kill_stockade_mid_run(world, f"{world.canary}-kill")
-    # What the killed run left (its scratch directory, the placeholders of protected
-    # paths) goes with the next run.
-    assert list(Path(tempfile.gettempdir()).glob(f"stockade-{pid}-*"))
+    # What the killed run left (the placeholders of protected paths; a run with egress
+    # leaves a scratch directory too: tests/robustness/test_faults.py) goes with the
+    # next run.
     assert (world.workspace / ".vscode").is_dir()
     assert run(world, "true").returncode == 0
     assert not list(Path(tempfile.gettempdir()).glob(f"stockade-{pid}-*"))
@@ -290,7 +290,12 @@ def test_unwritable_audit_log_refuses_to_run(world: World) -> None:
     assert "audit" in proc.stderr
 
 
-def test_protected_paths_are_read_only(world: World) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [ONLY_CONTAINER, ()],
+    ids=["bubblewrap-binds", "launcher-binds"],  # without and with Landlock (_launcher.c)
+)
+def test_protected_paths_are_read_only(world: World, extra: tuple[str, ...]) -> None:
     subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
     proc = run(
         world,
@@ -298,6 +303,7 @@ def test_protected_paths_are_read_only(world: World) -> None:
         "-c",
         "echo evil > .git/hooks/pre-commit; echo '[core]' >> .git/config; mkdir -p .vscode;"
         " echo '{}' > .vscode/tasks.json; echo x > .envrc; echo ok > normal.txt",
+        extra=extra,
     )
     assert not (world.workspace / ".git" / "hooks" / "pre-commit").exists()
     assert (world.workspace / ".git" / "config").read_text()[-7:] != "[core]\n"
@@ -305,6 +311,33 @@ def test_protected_paths_are_read_only(world: World) -> None:
     assert not (world.workspace / ".envrc").exists()
     assert (world.workspace / "normal.txt").read_text() == "ok\n"
     assert "Read-only file system" in proc.stderr
+
+
+@pytest.mark.parametrize("extra", [ONLY_CONTAINER, ()], ids=["bubblewrap-binds", "launcher-binds"])
+def test_protected_paths_stay_read_only_through_proc_1_root(
+    world: World, extra: tuple[str, ...]
+) -> None:
+    """With every layer on, the launcher makes the protected binds in a mount namespace of
+    its own, and bubblewrap's init (pid 1) keeps the one without them: its root must be out
+    of reach (Landlock denies ptrace access to a process outside the domain). Without
+    Landlock, bubblewrap makes the binds, in the one namespace there is."""
+    subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
+    ws = world.workspace
+    proc = run(
+        world,
+        "sh",
+        "-c",
+        f"echo evil > /proc/1/root{ws}/.git/hooks/pre-commit;"
+        f" echo x > /proc/1/root{ws}/.envrc; cat /proc/1/root/etc/shadow;"
+        f" echo ok > /proc/self/root{ws}/normal.txt; echo done",
+        extra=extra,
+    )
+    assert proc.stdout.endswith("done\n"), proc.stderr
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert not (ws / ".envrc").exists()
+    assert "root:" not in proc.stdout  # /etc/shadow stays masked (or out of reach)
+    # The twin: the sandbox's own root still leads to the writable workspace.
+    assert (ws / "normal.txt").read_text() == "ok\n"
 
 
 def test_git_still_works_inside(world: World) -> None:

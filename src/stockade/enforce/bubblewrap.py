@@ -46,6 +46,10 @@ class ContainerPlan:
     protected: tuple[Path, ...] = ()
     #: directories re-bound onto themselves so they cannot be renamed (mount points)
     pinned: tuple[Path, ...] = ()
+    #: the inner launcher makes the masks and binds of :func:`launcher_mounts` (with
+    #: the new mount API, where bubblewrap 0.8 parses /proc/self/mountinfo for each);
+    #: bubblewrap leaves it CAP_SYS_ADMIN and CAP_SETPCAP for that
+    launcher_binds: bool = False
     #: host file -> path inside (read-only), e.g. the launcher and the CA bundle
     files: tuple[tuple[Path, str], ...] = ()
     share_net: bool = False
@@ -56,6 +60,31 @@ class ContainerPlan:
     #: working directory inside; the workspace when the caller's cwd is outside it
     cwd: Path | None = None
     system_paths: tuple[str, ...] = field(default=SYSTEM_PATHS)
+
+
+def _secret_masks() -> list[tuple[str, str]]:
+    """Masks over the host's secret files ("n") and directories ("t") that exist."""
+    masks = []
+    for secret in SYSTEM_SECRETS:
+        if os.path.isdir(secret) and not os.path.islink(secret):
+            masks.append(("t", secret))
+        elif os.path.exists(secret):
+            masks.append(("n", secret))
+    return masks
+
+
+def launcher_mounts(plan: ContainerPlan) -> list[tuple[str, str]]:
+    """The masks and binds the inner launcher makes when ``plan.launcher_binds``, in the
+    order bubblewrap would make them (see ``LauncherSpec.mounts``); else none."""
+    if not (plan.launcher_binds and plan.isolate):
+        return []
+    return [
+        *_secret_masks(),
+        *(("k", str(p)) for p in plan.pinned),
+        *(("b", str(p)) for p in plan.protected),
+        *(("t", str(p)) for p in plan.masked_dirs),
+        *(("n", str(p)) for p in plan.masked_files),
+    ]
 
 
 def _bind_system(paths: Iterable[str]) -> list[str]:
@@ -109,14 +138,21 @@ def build_argv(
             "--hostname",
             plan.hostname,
         ]
+        in_launcher = bool(launcher_mounts(plan))
+        if in_launcher:
+            # In the sandbox's own user namespace, for the launcher's mounts only: it
+            # gives up every capability before anything else runs (see _launcher.c).
+            # CAP_SETPCAP lets it empty the bounding set too, as --cap-drop ALL would.
+            argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
         if not plan.share_net:
             argv.append("--unshare-net")
         argv += _bind_system(plan.system_paths)
-        for secret in SYSTEM_SECRETS:
-            if os.path.isdir(secret) and not os.path.islink(secret):
-                argv += ["--tmpfs", secret, "--remount-ro", secret]
-            elif os.path.exists(secret):
-                argv += ["--ro-bind", "/dev/null", secret]
+        if not in_launcher:
+            for kind, secret in _secret_masks():
+                if kind == "t":
+                    argv += ["--tmpfs", secret, "--remount-ro", secret]
+                else:
+                    argv += ["--ro-bind", "/dev/null", secret]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
         argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
         argv += ["--tmpfs", str(plan.home)]
@@ -127,14 +163,15 @@ def build_argv(
         argv += ["--bind", str(plan.workspace), str(plan.workspace)]
         for path in plan.write:
             argv += ["--bind-try", str(path), str(path)]
-        for path in plan.pinned:
-            argv += ["--bind", str(path), str(path)]
-        for path in plan.protected:
-            argv += ["--ro-bind", str(path), str(path)]
-        for path in plan.masked_dirs:
-            argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
-        for path in plan.masked_files:
-            argv += ["--ro-bind", "/dev/null", str(path)]
+        if not in_launcher:
+            for path in plan.pinned:
+                argv += ["--bind", str(path), str(path)]
+            for path in plan.protected:
+                argv += ["--ro-bind", str(path), str(path)]
+            for path in plan.masked_dirs:
+                argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
+            for path in plan.masked_files:
+                argv += ["--ro-bind", "/dev/null", str(path)]
         for host, inside in plan.files:
             argv += ["--ro-bind", str(host), inside]
         argv += ["--chdir", str(plan.cwd or plan.workspace)]

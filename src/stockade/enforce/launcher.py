@@ -76,6 +76,12 @@ class LauncherSpec:
     ctty: bool = False
     #: give up every capability first (the container layer is off and the caller is root)
     drop_caps: bool = False
+    #: mounts the launcher makes first, in order, as (kind, path): "k" pins a directory
+    #: (binds it onto itself), "b" binds a path onto itself read-only, "n" masks a file
+    #: with /dev/null, "t" masks a directory with an empty read-only tmpfs. It needs
+    #: CAP_SYS_ADMIN and CAP_SETPCAP in its user namespace for them, gives up every
+    #: capability after them, and refuses them without Landlock (see _launcher.c)
+    mounts: tuple[tuple[str, str], ...] = ()
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -108,6 +114,10 @@ def serialize(spec: LauncherSpec) -> bytes:
         if name not in ("nproc", "as", "fsize", "cpu", "nofile", "core", "data") or value < 0:
             raise ValueError(f"launcher spec: rlimit {name}={value} is not valid")
         out.append(rec("l", f"{name}:{value}"))
+    for kind, where in spec.mounts:
+        if kind not in ("k", "b", "n", "t"):
+            raise ValueError(f"launcher spec: mount kind {kind!r} is not k, b, n or t")
+        out.append(rec(kind, path(where)))
     out += [rec("r", path(p)) for p in spec.read_paths]
     out += [rec("w", path(p)) for p in spec.write_paths]
     if spec.deny_probe is not None:

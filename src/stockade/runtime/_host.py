@@ -132,6 +132,21 @@ def landlock_abi() -> int:
 
 
 @functools.cache
+def mount_api() -> bool:
+    """Whether the kernel has open_tree, move_mount and mount_setattr (Linux 5.12+),
+    with which the launcher binds protected paths (bubblewrap does it otherwise)."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    mount_setattr = 442  # same number on every architecture
+    # An invalid call: EBADF or EINVAL where the syscall exists; ENOSYS where it does
+    # not; EPERM where a seccomp profile of the host refuses it.
+    libc.syscall(mount_setattr, -1, None, 0, None, 0)
+    return ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)
+
+
+@functools.cache
 def seccomp_available() -> bool:
     """Whether the kernel has seccomp filters (``Seccomp:`` in /proc/self/status)."""
     try:

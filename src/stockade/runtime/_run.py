@@ -27,7 +27,7 @@ from stockade._exceptions import (
     SandboxError,
     Unavailable,
 )
-from stockade._record import field, record, replace
+from stockade._record import field, record
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason
@@ -175,26 +175,56 @@ def _remove_tree(path: Path) -> None:
         os.rmdir(path)
 
 
-@contextlib.contextmanager
-def _scratch() -> Iterator[Path]:
-    """A private scratch directory for one run, named after this process.
+class _Scratch:
+    """A private scratch directory for one run, named after this process, made when first
+    asked for: a contained run without egress needs none (and a mkdir and rmdir in /tmp
+    cost about a millisecond on a slow disk).
 
     What a run killed with SIGKILL leaves behind is removed by the next run, once the
     process named in it is gone (placeholders: see :mod:`._placeholders`).
     """
-    _sweep_leftovers()
-    base = _temp_base()
-    while True:
-        path = base / f"stockade-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            path.mkdir(mode=0o700)
-            break
-        except FileExistsError:
-            continue
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            base = _temp_base()
+            while True:
+                path = base / f"stockade-{os.getpid()}-{os.urandom(4).hex()}"
+                try:
+                    path.mkdir(mode=0o700)
+                    break
+                except FileExistsError:
+                    continue
+            self._path = path
+        return self._path
+
+    def remove(self) -> None:
+        if self._path is not None:
+            _remove_tree(self._path)
+            self._path = None
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[_Scratch]:
+    """A :class:`_Scratch` for one run, removed (if it was made) at the end.
+
+    The scratch directories of killed runs are swept meanwhile, in a thread: it lists
+    /tmp, which takes a while where /tmp is big, and the run need not wait for that
+    until its end.
+    """
+    import threading
+
+    sweeper = threading.Thread(target=_sweep_leftovers, name="stockade-sweep", daemon=True)
+    sweeper.start()
+    scratch = _Scratch()
     try:
-        yield path
+        yield scratch
     finally:
-        _remove_tree(path)
+        scratch.remove()
+        sweeper.join()
 
 
 def execute(request: RunRequest) -> RunResult:
@@ -278,7 +308,7 @@ def _execute(
                     egress_plan = EgressPlan(
                         policy,
                         caller_env,
-                        scratch,
+                        scratch.path,
                         bubblewrap.STOCKADE_DIR if layers.container else None,
                     )
                     own_plan = True
@@ -304,6 +334,10 @@ def _execute(
                 ) from None
             toolchains = paths.toolchain_paths(
                 caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
+            )
+            use_pty = _wants_pty(request)
+            use_launcher = (
+                layers.files or layers.syscalls or layers.limits or use_pty or not layers.container
             )
             if layers.container:
                 claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
@@ -337,6 +371,9 @@ def _execute(
                     masked_dirs=deny.dirs,
                     protected=protection.existing,
                     pinned=protection.pinned,
+                    # The launcher binds in a mount namespace of its own: bwrap's init
+                    # keeps the old one, which Landlock keeps out of reach (_launcher.c).
+                    launcher_binds=layers.files and use_launcher and _host.mount_api(),
                     share_net=not layers.egress,
                     cwd=cwd,
                     files=tuple(egress_plan.files) if egress_plan else (),
@@ -360,11 +397,11 @@ def _execute(
                 # Without the container the command sees the host's file system; it
                 # gets scratch HOME and TMPDIR so that well-behaved tools stay inside
                 # what the files layer grants.
-                (scratch / "home").mkdir()
-                (scratch / "tmp").mkdir()
+                (scratch.path / "home").mkdir()
+                (scratch.path / "tmp").mkdir()
                 child_env = dict(env_plan.env)
-                child_env["HOME"] = str(scratch / "home")
-                child_env["TMPDIR"] = str(scratch / "tmp")
+                child_env["HOME"] = str(scratch.path / "home")
+                child_env["TMPDIR"] = str(scratch.path / "tmp")
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace, home=home, toolchains=toolchains, isolate=False, cwd=cwd
                 )
@@ -385,13 +422,15 @@ def _execute(
                     duration=time.monotonic() - started,
                 )
             command = list(request.argv)
-            use_pty = _wants_pty(request)
-            launcher_fd = -1
-            if layers.files or layers.syscalls or layers.limits or use_pty or not layers.container:
+            launcher_fd = exe_fd = -1
+            if use_launcher:
                 prefix, launcher_fd = _launcher(policy, plan, scratch, use_pty)
                 if bwrap is not None and (layers.container or layers.egress):
-                    plan = replace(plan, files=(*plan.files, (Path(prefix[0]), LAUNCHER_INSIDE)))
-                    prefix = [LAUNCHER_INSIDE, *prefix[1:]]
+                    # bwrap execs the launcher through a descriptor (its /proc/self/fd
+                    # link), not through a bind of the binary: one mount less, and
+                    # bubblewrap 0.8 parses the whole mount table for each.
+                    exe_fd = os.open(prefix[0], os.O_RDONLY | os.O_CLOEXEC)
+                    prefix = [f"/proc/self/fd/{exe_fd}", *prefix[1:]]
                 command = [*prefix, *command]
             start: _Start | None = None
             # The cgroup is made once bwrap is starting (see _Start.release): the
@@ -419,7 +458,7 @@ def _execute(
                 argv, depth = command, 0
             fds = [
                 fd
-                for fd in (launcher_fd, status_w, *(start.child_fds() if start else ()))
+                for fd in (launcher_fd, exe_fd, status_w, *(start.child_fds() if start else ()))
                 if fd >= 0
             ]
             try:
@@ -432,7 +471,7 @@ def _execute(
                     if not timed_out and not _bwrap_started(status_r):
                         _explain_bwrap_failure(returncode)
             finally:
-                for fd in (launcher_fd, status_r, status_w):
+                for fd in (launcher_fd, exe_fd, status_r, status_w):
                     if fd >= 0:
                         os.close(fd)
                 if start is not None:
@@ -468,9 +507,6 @@ def _execute(
     )
 
 
-LAUNCHER_INSIDE = f"{bubblewrap.STOCKADE_DIR}/launcher"
-
-
 def _wants_pty(request: RunRequest) -> bool:
     return (
         request.allow_pty
@@ -492,7 +528,7 @@ def _seccomp_filter() -> bytes:
 def _launcher(
     policy: Policy,
     plan: bubblewrap.ContainerPlan,
-    scratch: Path,
+    scratch: _Scratch,
     ctty: bool,
 ) -> tuple[list[str], int]:
     """Build the inner launcher's spec for this run; return its argv prefix and spec fd."""
@@ -507,7 +543,7 @@ def _launcher(
         scratch_rw = [str(plan.home), "/tmp", "/var/tmp", "/dev/shm"]
         read = [*system, *map(str, plan.toolchains), "/proc", bubblewrap.STOCKADE_DIR]
     else:
-        scratch_rw = [str(scratch)]
+        scratch_rw = [str(scratch.path)]
         read = [*system, *map(str, plan.toolchains), "/proc"]
     write = [str(fs.workspace), *map(str, fs.write), *scratch_rw, "/dev"]
     limits = policy.limits
@@ -532,6 +568,7 @@ def _launcher(
         ctty=ctty,
         # bubblewrap drops every capability (--cap-drop ALL); without it, the launcher does.
         drop_caps=not (layers.container or layers.egress),
+        mounts=tuple(bubblewrap.launcher_mounts(plan)),
     )
     return launcher.prepare(spec)
 
