@@ -2,9 +2,11 @@
 
 Measures the mean wall time of: plain ``true``; bare ``bwrap ... true`` with the same
 namespaces; ``stockade run -- true`` (the CLI, every layer on), in-process and handed to a
-warm ``stockade server``; ``srt true`` (Anthropic's
+warm ``stockade server`` (through the installed ``stockade`` command, the compiled front
+end after scripts/setup, and through the Python client); ``srt true`` (Anthropic's
 sandbox-runtime, installed into a temporary folder with npm when npm is available); and
-``stockade.run(["true"])`` called repeatedly in one warm Python process. The last line is
+``stockade.run(["true"])`` called repeatedly in one warm Python process, in turns with bare
+bwrap (their ratio is a target, and this machine's speed drifts). The last line is
 one JSON object with the figures and the ratios. Targets: CLI <= 60 ms and <= 0.3x srt;
 warm API call <= 3x bare bwrap.
 """
@@ -37,12 +39,30 @@ def mean_ms(fn: Callable[[], object], n: int = N) -> float:
     return statistics.fmean(samples)
 
 
+def interleaved_means(fns: dict[str, Callable[[], object]], n: int = N) -> dict[str, float]:
+    """Mean ms of each of ``fns``, measured in turns (one call of each per round), so that
+    a ratio between them holds for the same moment of a machine whose speed drifts."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - t) * 1000)
+    return {name: statistics.fmean(values) for name, values in samples.items()}
+
+
 def run(argv: list[str], **kw: object) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)  # type: ignore[call-overload]
 
 
 def main() -> int:
     stockade = str(Path(sys.executable).with_name("stockade"))
+    from stockade.cli._frontend import MARKER
+
+    # Which stockade command is measured: the compiled front end or pip's Python script.
+    frontend = "compiled" if MARKER in Path(stockade).read_bytes() else "python"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         print("bench/startup.py: bwrap is not installed", file=sys.stderr)
@@ -102,7 +122,6 @@ def main() -> int:
             "--",
             "true",
         ]
-        figures["bwrap_ms"] = mean_ms(lambda: run(bare))
         cold_env = dict(env, STOCKADE_SERVER="0")
         figures["stockade_cli_ms"] = mean_ms(
             lambda: run([stockade, "run", "--", "true"], env=cold_env)
@@ -112,6 +131,12 @@ def main() -> int:
         try:
             figures["stockade_cli_served_ms"] = mean_ms(
                 lambda: run([stockade, "run", "--", "true"], env=env)
+            )
+            # The same through the Python client, for comparison with the compiled front
+            # end (which scripts/setup installs as the stockade command).
+            python_cli = [sys.executable, "-P", "-m", "stockade"]
+            figures["stockade_cli_served_python_ms"] = mean_ms(
+                lambda: run([*python_cli, "run", "--", "true"], env=env)
             )
         finally:
             run([stockade, "server", "stop"], env=env)
@@ -126,7 +151,14 @@ def main() -> int:
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         import stockade as sd
 
-        figures["stockade_api_warm_ms"] = mean_ms(lambda: sd.run(["true"], workspace=ws))
+        # Bare bwrap and the warm API in turns: their ratio is a target.
+        both = interleaved_means(
+            {
+                "bwrap_ms": lambda: run(bare),
+                "stockade_api_warm_ms": lambda: sd.run(["true"], workspace=ws),
+            }
+        )
+        figures.update(both)
         # A Sandbox with the egress proxy in play: the first run starts the proxy's loop
         # (and makes the policy once); later runs reuse them.
         policy = Path(tmp) / "p.toml"
@@ -159,6 +191,7 @@ def main() -> int:
         round(served / figures["srt_ms"], 3) if figures["srt_ms"] else None
     )
     result["cli_served_vs_cli"] = round(served / cli, 3)
+    result["frontend"] = frontend
     result["api_vs_bwrap"] = round(api / bw, 2)
     first, later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
     assert first is not None
