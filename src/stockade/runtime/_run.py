@@ -186,6 +186,22 @@ class _Scratch:
 
     def __init__(self) -> None:
         self._path: Path | None = None
+        self._sweeper: Any = None
+
+    def sweep_in_background(self) -> None:
+        """Sweep the scratch directories of killed runs in a thread, once.
+
+        Called once the command runs: the run's own thread then mostly waits for it
+        without the GIL, where a sweeping thread started earlier would take turns with
+        its planning (each of whose system calls may wait for the GIL a while).
+        """
+        if self._sweeper is None:
+            import threading
+
+            self._sweeper = threading.Thread(
+                target=_sweep_leftovers, name="stockade-sweep", daemon=True
+            )
+            self._sweeper.start()
 
     @property
     def path(self) -> Path:
@@ -202,29 +218,25 @@ class _Scratch:
         return self._path
 
     def remove(self) -> None:
+        """Remove the directory (if it was made); finish the sweep (or make it now)."""
         if self._path is not None:
             _remove_tree(self._path)
             self._path = None
+        if self._sweeper is None:
+            _sweep_leftovers()  # the command never started
+        else:
+            self._sweeper.join()
 
 
 @contextlib.contextmanager
 def _scratch() -> Iterator[_Scratch]:
-    """A :class:`_Scratch` for one run, removed (if it was made) at the end.
-
-    The scratch directories of killed runs are swept meanwhile, in a thread: it lists
-    /tmp, which takes a while where /tmp is big, and the run need not wait for that
-    until its end.
-    """
-    import threading
-
-    sweeper = threading.Thread(target=_sweep_leftovers, name="stockade-sweep", daemon=True)
-    sweeper.start()
+    """A :class:`_Scratch` for one run, removed (if it was made) at the end, when the
+    scratch directories of killed runs have been swept too."""
     scratch = _Scratch()
     try:
         yield scratch
     finally:
         scratch.remove()
-        sweeper.join()
 
 
 def execute(request: RunRequest) -> RunResult:
@@ -463,7 +475,15 @@ def _execute(
             ]
             try:
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
-                    argv, child_env, cwd, request, depth, use_pty, tuple(fds), start
+                    argv,
+                    child_env,
+                    cwd,
+                    request,
+                    depth,
+                    use_pty,
+                    tuple(fds),
+                    start,
+                    scratch.sweep_in_background,
                 )
                 if status_r >= 0:
                     os.close(status_w)
@@ -590,14 +610,18 @@ def _spawn(
     use_pty: bool,
     pass_fds: tuple[int, ...],
     start: _Start | None,
+    on_started: Callable[[], None],
 ) -> tuple[int, bool, bytes | None, bytes | None]:
-    """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr)."""
+    """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr).
+
+    ``on_started`` is called once the command was let go (work to overlap with it).
+    """
     timeout = _wall_timeout(request)
     if timeout is not None:
         request.timeout = timeout
     stdin = request.stdin
     if use_pty:
-        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds, start)
+        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds, start, on_started)
     stdout = subprocess.PIPE if request.capture_output else request.stdout
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
@@ -605,6 +629,7 @@ def _spawn(
     proc = _popen(argv, env, cwd, stdin, stdout, stderr, pass_fds)
     if start is not None:
         start.release(proc)
+    on_started()
     with _forwarding(proc, request.forward_signals, depth):
         try:
             out, err = proc.communicate(request.input, timeout=timeout)
@@ -705,6 +730,7 @@ def _spawn_pty(
     depth: int,
     pass_fds: tuple[int, ...],
     start: _Start | None,
+    on_started: Callable[[], None],
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Run with a pty of its own; relay between it and the caller's terminal.
 
@@ -739,6 +765,7 @@ def _spawn_pty(
     os.close(slave)
     if start is not None:
         start.release(proc)
+    on_started()
     saved = termios.tcgetattr(in_fd)
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
