@@ -393,3 +393,32 @@ def test_bad_cli_invocation(world: World, args: tuple[str, ...]) -> None:
 def test_timeout_nan_is_refused(world: World) -> None:
     proc = world.stockade("run", "--timeout", "nan", "--", "true")
     assert proc.returncode == 2
+
+
+# --- a placeholder cannot be made ---------------------------------------------------------
+
+
+def test_a_placeholder_that_cannot_be_made_stops_the_run(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every layer on, the placeholders of protected paths are made while bubblewrap
+    starts; one that cannot be made (a full disk, here injected) stops the run before its
+    command starts, and leaves nothing behind."""
+    from stockade.enforce import paths
+
+    real = paths.make_placeholders
+
+    def full_disk(dirs: Any, files: Any, *, strict: bool = True) -> Any:
+        made, _ = real(list(dirs)[:1], [], strict=strict)  # one made, then the disk is full
+        paths.remove_placeholders(made)
+        raise OSError(28, "No space left on device", str(world.workspace / ".vscode"))
+
+    monkeypatch.setattr(paths, "make_placeholders", full_disk)
+    with pytest.raises(stockade.SandboxError, match=r"placeholder .*No space left"):
+        stockade.run(["sh", "-c", "touch ran"], workspace=world.workspace, env=world.env)
+    assert sorted(os.listdir(world.workspace)) == ["README"]
+    # The twin: with room on the disk, the same run runs, and tidies up.
+    monkeypatch.setattr(paths, "make_placeholders", real)
+    done = stockade.run(["sh", "-c", "touch ran"], workspace=world.workspace, env=world.env)
+    assert done.returncode == 0
+    assert sorted(os.listdir(world.workspace)) == ["README", "ran"]

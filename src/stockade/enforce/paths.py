@@ -262,6 +262,10 @@ class Protection:
     pinned: tuple[Path, ...]
     #: placeholders created for this run (removed afterwards if still empty)
     created: tuple[Path, ...]
+    #: placeholders still to create (directories, then files), already listed in
+    #: ``existing``: see ``defer`` of :func:`protect_paths`
+    pending_dirs: tuple[Path, ...] = ()
+    pending_files: tuple[Path, ...] = ()
 
 
 def _expand(root: Path, pattern: str) -> list[Path]:
@@ -276,12 +280,16 @@ def _expand(root: Path, pattern: str) -> list[Path]:
     return [Path(hit) for hit in sorted(glob.glob(str(root / pattern), include_hidden=True))]
 
 
-def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
+def protect_paths(workspace: Path, extra: Iterable[str] = (), *, defer: bool = False) -> Protection:
     """List and prepare the protected paths of ``workspace``.
 
     Missing agent/IDE files and directories get an empty placeholder on the host for the
     duration of the run: a read-only bind needs something to bind, and without it the
     sandbox could create the file. :func:`remove_placeholders` takes them away again.
+    A placeholder that cannot be made (a read-only workspace) is left out: nothing can
+    create the path then. With ``defer``, none is made yet: they are listed (as
+    protected, and as pending) for :func:`make_placeholders`, for a caller that makes them
+    while the sandbox starts, and that fails closed if it cannot.
     """
     existing: list[Path] = []
     created: list[Path] = []
@@ -310,32 +318,14 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
         for name in _GIT_PLACEHOLDERS:
             if not os.path.lexists(git / name):
                 missing_files.append(f".git/{name}")
-    for name in missing_dirs:
-        target = workspace / name
-        try:
-            target.mkdir(mode=0o755)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue  # a read-only workspace needs no protection from writes
-        else:
-            created.append(target)
-        existing.append(target)
-    for name in missing_files:
-        target = workspace / name
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue
-        else:
-            try:
-                os.write(fd, _PLACEHOLDER_CONTENT.get(target.name, b""))
-            finally:
-                os.close(fd)
-            created.append(target)
-        existing.append(target)
+    dirs = [workspace / name for name in missing_dirs]
+    files = [workspace / name for name in missing_files]
+    if defer:
+        existing += [*dirs, *files]
+    else:
+        made, failed = make_placeholders(dirs, files, strict=False)
+        created += made
+        existing += [p for p in (*dirs, *files) if p not in failed]
     for path in existing:
         parent = path.parent
         while parent != workspace and _is_within(parent, workspace):
@@ -346,7 +336,44 @@ def protect_paths(workspace: Path, extra: Iterable[str] = ()) -> Protection:
         existing=tuple(existing),
         pinned=tuple(sorted(set(pinned), key=lambda p: len(p.parts))),
         created=tuple(created),
+        pending_dirs=tuple(dirs) if defer else (),
+        pending_files=tuple(files) if defer else (),
     )
+
+
+def make_placeholders(
+    dirs: Iterable[Path], files: Iterable[Path], *, strict: bool = True
+) -> tuple[list[Path], list[Path]]:
+    """Create empty placeholder directories and files; return (created, failed).
+
+    One that exists already (another run of the workspace made it) is neither. With
+    ``strict``, the first failure removes what this call created and raises.
+    """
+    created: list[Path] = []
+    failed: list[Path] = []
+    for target, is_dir in [*((d, True) for d in dirs), *((f, False) for f in files)]:
+        try:
+            if is_dir:
+                os.mkdir(target, 0o755)
+            else:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                try:
+                    os.write(fd, _PLACEHOLDER_CONTENT.get(target.name, b""))
+                except OSError:
+                    os.unlink(target)
+                    raise
+                finally:
+                    os.close(fd)
+        except FileExistsError:
+            continue
+        except OSError:
+            if strict:
+                remove_placeholders(created)
+                raise
+            failed.append(target)  # a read-only workspace needs no protection from writes
+            continue
+        created.append(target)
+    return created, failed
 
 
 def remove_placeholders(created: Iterable[Path]) -> list[Path]:

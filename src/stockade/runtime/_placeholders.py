@@ -85,16 +85,32 @@ class Claim:
         self.registry = _registry(state_dir, workspace)
         self.entry = self.registry / f"{os.getpid()}-{run_id}.run"
 
-    def protect(self, workspace: Path, extra: Iterable[str]) -> paths.Protection:
-        """Register this run, tidy after dead ones, and make the placeholders it needs."""
+    def protect(
+        self, workspace: Path, extra: Iterable[str], *, defer: bool = False
+    ) -> paths.Protection:
+        """Register this run, tidy after dead ones, and make the placeholders it needs
+        (with ``defer``, only list them: :meth:`make` makes them)."""
         with _locked(self.registry):
             _tidy(self.registry)
             self.entry.touch()
-            protection = paths.protect_paths(workspace, extra)
-            if protection.created:
-                with (self.registry / _SHARED).open("a") as fh:
-                    fh.write("".join(f"{p}\n" for p in protection.created))
+            protection = paths.protect_paths(workspace, extra, defer=defer)
+            self._record(protection.created)
             return protection
+
+    def make(self, protection: paths.Protection) -> None:
+        """Make the placeholders ``protect(..., defer=True)`` listed; OSError when one
+        cannot be made (none of them is left then). This run is registered, so no
+        other run removes them meanwhile, and one another run made is shared."""
+        with _locked(self.registry):
+            created, _ = paths.make_placeholders(
+                protection.pending_dirs, protection.pending_files, strict=True
+            )
+            self._record(created)
+
+    def _record(self, created: list[Path] | tuple[Path, ...]) -> None:
+        if created:
+            with (self.registry / _SHARED).open("a") as fh:
+                fh.write("".join(f"{p}\n" for p in created))
 
     def release(self) -> list[Path]:
         """Unregister; the last run out removes the placeholders. Returns any not removed."""

@@ -353,7 +353,16 @@ def _execute(
             )
             if layers.container:
                 claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
-                protection = claim.protect(workspace, fs.protect)
+                launcher_binds = layers.files and use_launcher and _host.mount_api()
+                # When the launcher binds, the placeholders are first needed once the
+                # sandbox is let go (--block-fd): they are made while bubblewrap starts
+                # (_Start.release), which has a block fd when a cgroup or a proxy waits.
+                defer = (
+                    launcher_binds
+                    and (support is not None or needs_proxy)
+                    and os.access(workspace, os.W_OK)
+                )
+                protection = claim.protect(workspace, fs.protect, defer=defer)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
@@ -385,7 +394,7 @@ def _execute(
                     pinned=protection.pinned,
                     # The launcher binds in a mount namespace of its own: bwrap's init
                     # keeps the old one, which Landlock keeps out of reach (_launcher.c).
-                    launcher_binds=layers.files and use_launcher and _host.mount_api(),
+                    launcher_binds=launcher_binds,
                     share_net=not layers.egress,
                     cwd=cwd,
                     files=tuple(egress_plan.files) if egress_plan else (),
@@ -452,8 +461,15 @@ def _execute(
                 if support is not None
                 else None
             )
+            placeholders = (
+                functools.partial(claim.make, protection)
+                if claim is not None and (protection.pending_dirs or protection.pending_files)
+                else None
+            )
             if egress_plan is not None or make_cgroup is not None:
-                start = _Start(egress_plan, audit, make_cgroup, layers.container)
+                start = _Start(egress_plan, audit, make_cgroup, layers.container, placeholders)
+            elif placeholders is not None:  # pragma: no cover - defer needs a _Start
+                raise AssertionError("placeholders deferred without a start handshake")
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -913,14 +929,21 @@ def read_child_pid(info_fd: int) -> int:
 class _Start:
     """The start-up handshake with bubblewrap (``--info-fd`` and ``--block-fd``).
 
-    The command is held until the sandbox's first process is in its cgroup and the
-    proxy listens inside its network namespace.
+    The command is held until the sandbox's first process is in its cgroup, the proxy
+    listens inside its network namespace and the placeholders of protected paths the
+    launcher binds exist.
     """
 
     def __init__(
-        self, egress: Any, audit: AuditLog, make_cgroup: Callable[[], Any] | None, contain: bool
+        self,
+        egress: Any,
+        audit: AuditLog,
+        make_cgroup: Callable[[], Any] | None,
+        contain: bool,
+        placeholders: Callable[[], None] | None = None,
     ) -> None:
         self.contain = contain
+        self.placeholders = placeholders
         self.info_r, self.info_w = os.pipe()
         self.block_r, self.block_w = os.pipe()
         self.make_cgroup = make_cgroup
@@ -943,6 +966,16 @@ class _Start:
         try:
             if self.make_cgroup is not None:
                 self.cgroup = self.make_cgroup()
+            if self.placeholders is not None:
+                # While bubblewrap builds the namespaces: the launcher binds them, after
+                # the block fd lets it go.
+                try:
+                    self.placeholders()
+                except OSError as exc:
+                    raise SandboxError(
+                        f"cannot create the placeholder {exc.filename} of a protected path "
+                        f"({exc.strerror}); the command did not run"
+                    ) from exc
             pid = read_child_pid(self.info_r)
             self.info_r = -1
             if self.cgroup is not None:
@@ -957,6 +990,7 @@ class _Start:
                 self.proxy.attach(pid)
         except BaseException:
             _kill_tree(proc)
+            proc.wait()  # reaped here: the exception leaves nobody to wait for it
             raise
         os.write(self.block_w, b"1")
         os.close(self.block_w)
