@@ -340,6 +340,32 @@ def test_protected_paths_stay_read_only_through_proc_1_root(
     assert (ws / "normal.txt").read_text() == "ok\n"
 
 
+@pytest.mark.parametrize("extra", [ONLY_CONTAINER, ()], ids=["bubblewrap-binds", "launcher-binds"])
+def test_a_working_directory_inside_a_protected_one_is_protected_too(
+    world: World, extra: tuple[str, ...]
+) -> None:
+    """Started from inside .vscode/, relative writes land on the read-only bind, not on the
+    directory below it (the launcher binds after bubblewrap chose the directory)."""
+    inside = world.workspace / ".vscode"
+    inside.mkdir()
+    proc = world.stockade(
+        "run",
+        "--workspace",
+        str(world.workspace),  # else the directory it starts in would be the workspace
+        *extra,
+        "--",
+        "sh",
+        "-c",
+        "pwd; echo '{}' > settings.json; mkdir sub; echo ok > ../normal.txt",
+        cwd=inside,
+    )
+    assert proc.stdout.splitlines()[0] == str(inside), proc.stderr
+    assert list(inside.iterdir()) == []
+    assert "Read-only file system" in proc.stderr
+    # The twin: outside the protected directory, the same relative write works.
+    assert (world.workspace / "normal.txt").read_text() == "ok\n"
+
+
 def test_git_still_works_inside(world: World) -> None:
     subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
     proc = run(

@@ -54,6 +54,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/filter.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -722,6 +723,14 @@ int main(int argc, char **argv)
 			die("unshare(CLONE_NEWNS) for the launcher's mounts failed: %s", errname(errno));
 		for (size_t i = 0; i < s.n_binds; i++)
 			mount_one(s.binds[i].kind, s.binds[i].path);
+		/* The working directory bubblewrap chose was resolved before these mounts: one
+		 * inside a protected directory would still be the writable one below the new
+		 * mount. Resolve it again, through them. */
+		char cwd[PATH_MAX];
+		if (getcwd(cwd, sizeof cwd) == NULL)
+			die("getcwd() after the launcher's mounts failed: %s", errname(errno));
+		if (chdir(cwd) != 0)
+			die("chdir(%s) after the launcher's mounts failed: %s", cwd, errname(errno));
 	}
 
 	/* Without bubblewrap (container layer off) a caller running as root still holds
