@@ -41,14 +41,19 @@ class CgroupSupport:
         return f"cgroup v{self.version}: {where}"
 
 
-def _own_paths() -> dict[str, str]:
+def _own_cgroups() -> str:
+    """/proc/self/cgroup, or "" when it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _own_paths(text: str) -> dict[str, str]:
     """controller (or "" for v2) -> our cgroup path, from /proc/self/cgroup."""
     out: dict[str, str] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
@@ -57,9 +62,27 @@ def _own_paths() -> dict[str, str]:
     return out
 
 
+#: what detect() found, by the /proc/self/cgroup it was found for (a warm process runs
+#: many sandboxes; only a place that was usable is remembered, so that one that becomes
+#: usable later is found, and one that stops being usable fails Cgroup.create, which the
+#: run reports)
+_found: dict[str, CgroupSupport] = {}
+
+
 def detect() -> CgroupSupport | None:
     """The cgroup support of this process, or None when it can make no cgroup."""
-    own = _own_paths()
+    text = _own_cgroups()
+    known = _found.get(text)
+    if known is not None:
+        return known
+    found = _detect(_own_paths(text))
+    if found is not None:
+        _found.clear()
+        _found[text] = found
+    return found
+
+
+def _detect(own: dict[str, str]) -> CgroupSupport | None:
     # v2: the unified hierarchy, mounted at /sys/fs/cgroup or /sys/fs/cgroup/unified.
     if "" in own:
         for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
