@@ -363,14 +363,20 @@ def static_resolver(answers: dict[str, Sequence[str]]) -> Callable[[str, int], A
     return resolve
 
 
-def read_http_response(sock: socket.socket) -> tuple[int, bytes]:
-    """Read one response with a Content-Length body (what the proxy's errors have)."""
+def read_head(sock: socket.socket) -> bytes:
+    """What ``sock`` sends until the end of an HTTP head (and what came with it), or EOF."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
+    return data
+
+
+def read_http_response(sock: socket.socket) -> tuple[int, bytes]:
+    """Read one response with a Content-Length body (what the proxy's errors have)."""
+    data = read_head(sock)
     if not data:
         return 0, b""
     head, _, body = data.partition(b"\r\n\r\n")

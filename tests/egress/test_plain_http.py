@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stockade.egress import _http
-from tests.egress.conftest import TIMEOUT, ProxyHarness, read_all
+from tests.egress.conftest import TIMEOUT, ProxyHarness, read_all, read_head
 
 MakeProxy = Callable[..., ProxyHarness]
 
@@ -179,13 +179,7 @@ class RawUpstream:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(data)
+                self.requests.append(read_head(conn))
                 conn.sendall(self.answer)
                 if self.linger:
                     conn.settimeout(TIMEOUT)

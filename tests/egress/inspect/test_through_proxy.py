@@ -21,6 +21,7 @@ from stockade.egress.inspect import (
     write_trust_bundle,
 )
 from stockade.policy import parse_policy_text
+from tests.egress.conftest import read_head
 from tests.egress.inspect.harness import REAL_KEY, Client, Response, Upstream
 
 POLICY = """
@@ -65,13 +66,7 @@ class Proxied:
         port = port or self.upstream.port
         sock = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
         sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
-        return sock, answer
+        return sock, read_head(sock)
 
     def https(self, host: str, method: str, target: str, **kw: Any) -> Response:
         sock, answer = self.connect(host)
