@@ -301,6 +301,8 @@ def _execute(
     # The proxy is needed when the egress layer is on and the policy allows anything;
     # with nothing allowed the sandbox simply has an empty network namespace.
     needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
+    # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
+    handshake = support is not None or needs_proxy
 
     protection = paths.Protection((), (), ())
     claim: _placeholders.Claim | None = None
@@ -355,13 +357,9 @@ def _execute(
                 claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
                 launcher_binds = layers.files and use_launcher and _host.mount_api()
                 # When the launcher binds, the placeholders are first needed once the
-                # sandbox is let go (--block-fd): they are made while bubblewrap starts
-                # (_Start.release), which has a block fd when a cgroup or a proxy waits.
-                defer = (
-                    launcher_binds
-                    and (support is not None or needs_proxy)
-                    and os.access(workspace, os.W_OK)
-                )
+                # sandbox is let go: with a handshake, they are made while bubblewrap
+                # starts (_Start.release).
+                defer = launcher_binds and handshake and os.access(workspace, os.W_OK)
                 protection = claim.protect(workspace, fs.protect, defer=defer)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
@@ -466,10 +464,8 @@ def _execute(
                 if claim is not None and (protection.pending_dirs or protection.pending_files)
                 else None
             )
-            if egress_plan is not None or make_cgroup is not None:
+            if handshake:
                 start = _Start(egress_plan, audit, make_cgroup, layers.container, placeholders)
-            elif placeholders is not None:  # pragma: no cover - defer needs a _Start
-                raise AssertionError("placeholders deferred without a start handshake")
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
