@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import select
 import signal
@@ -32,12 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+from stockade._libc import libc
 from stockade._record import record
 from stockade.cli import _client
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import NoReturn
 
     from stockade.audit._log import AuditLog
 
@@ -239,7 +239,7 @@ def _warm() -> dict[str, int]:
     import threading  # noqa: F401
     import tty  # noqa: F401
 
-    _libc()
+    libc()
 
     watched = {}
     for module in list(sys.modules.values()):
@@ -399,19 +399,12 @@ def _fork_spare(
     _worker(conn, mine, audit, news_w)  # never returns
 
 
-@functools.cache
-def _libc() -> Any:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _set_parent_death_signal(signum: int) -> None:
     """PR_SET_PDEATHSIG; OSError when the kernel refuses (the caller then exits)."""
     import ctypes
 
     pr_set_pdeathsig = 1
-    if _libc().prctl(pr_set_pdeathsig, int(signum), 0, 0, 0) != 0:
+    if libc().prctl(pr_set_pdeathsig, int(signum), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 

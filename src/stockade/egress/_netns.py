@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import select
 import signal
 import socket
 
 from stockade._exceptions import SandboxError
+from stockade._libc import libc
 
 __all__ = ["listener_in_netns"]
 
@@ -39,14 +39,9 @@ def _same_namespace(path: str, ours: str) -> bool:
     return (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _setns(fd: int, nstype: int) -> None:
     # os.setns arrived in Python 3.12; on 3.11 call libc directly.
-    if _libc().setns(ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
+    if libc().setns(ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
 
@@ -100,7 +95,7 @@ def listener_in_netns(pid: int, port: int = 0) -> socket.socket:
                 user_fd = os.open(user_path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 raise SandboxError(f"open {user_path}: {exc.strerror}") from None
-        _libc()  # loaded before fork, so the helper only makes system calls
+        libc()  # loaded before fork, so the helper only makes system calls
         return _fork_helper(user_fd, net_fd, port)
     finally:
         os.close(net_fd)

@@ -88,8 +88,9 @@ def abi_version() -> int:
     """
     import ctypes  # lazy: keep the package cheap to import
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
+    from stockade._libc import libc as _libc
+
+    libc = _libc()
     abi = libc.syscall(
         ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET),
         ctypes.c_void_p(None),

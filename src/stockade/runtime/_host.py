@@ -125,9 +125,10 @@ def landlock_abi() -> int:
     """The Landlock ABI version of the running kernel, 0 when Landlock is unavailable."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    from stockade._libc import libc
+
     landlock_create_ruleset = 444  # same number on every architecture
-    version = libc.syscall(landlock_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    version = libc().syscall(landlock_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     return max(int(version), 0)
 
 
@@ -138,11 +139,12 @@ def mount_api() -> bool:
     import ctypes
     import errno
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    from stockade._libc import libc
+
     mount_setattr = 442  # same number on every architecture
     # An invalid call: EBADF or EINVAL where the syscall exists; ENOSYS where it does
     # not; EPERM where a seccomp profile of the host refuses it.
-    libc.syscall(mount_setattr, -1, None, 0, None, 0)
+    libc().syscall(mount_setattr, -1, None, 0, None, 0)
     return ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)
 
 
