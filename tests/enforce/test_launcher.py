@@ -479,6 +479,12 @@ def test_launcher_mounts_need_landlock(box: Box) -> None:
     assert r.returncode == 125
     assert "need Landlock" in r.stderr
     assert not (box.ws / "free").exists()
+    # The twin: with Landlock, the same mounts are made and the command runs.
+    ok = box.sh(
+        "echo ran > free", spec=box.spec(mounts=tuple(mounts)), bwrap=True, bwrap_args=LAUNCHER_CAPS
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert (box.ws / "free").read_text() == "ran\n"
 
 
 @pytest.mark.kernel
