@@ -22,6 +22,7 @@ import os
 import time
 from pathlib import Path
 
+from stockade._process import alive
 from stockade._record import field, record
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -140,15 +141,7 @@ def cgroup_name(run_id: str) -> str:
 
 def _owner_alive(name: str) -> bool:
     parts = name.split("-")
-    if len(parts) != 3 or not parts[1].isdigit():
-        return False
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return len(parts) == 3 and parts[1].isdigit() and alive(int(parts[1]))
 
 
 def _sweep(support: CgroupSupport) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from stockade._hash import sha256_hex
+from stockade._process import alive
 from stockade.enforce import paths
 
 _SHARED = "placeholders"
@@ -42,15 +43,7 @@ def _locked(registry: Path) -> Iterator[None]:
 
 def _alive(name: str) -> bool:
     pid = name.split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid.isdigit() and alive(int(pid))
 
 
 def _users(registry: Path) -> list[str]:

@@ -27,6 +27,7 @@ from stockade._exceptions import (
     SandboxError,
     Unavailable,
 )
+from stockade._process import alive
 from stockade._record import field, record
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
@@ -144,13 +145,8 @@ def _sweep_leftovers() -> None:
         parts = entry.name.split("-")
         if len(parts) != 3 or not parts[1].isdigit() or not entry.is_dir(follow_symlinks=False):
             continue
-        try:
-            os.kill(int(parts[1]), 0)
-            continue  # its owner still runs
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue  # another user's
+        if alive(int(parts[1])):
+            continue  # its owner still runs (or it is another user's)
         import shutil
 
         shutil.rmtree(entry.path, ignore_errors=True)
