@@ -1,9 +1,11 @@
 """The JSON Lines audit sink.
 
 Each event is one JSON object on its own line with at least ``time``, ``run_id``,
-``event``, ``layer``, ``verdict`` and ``reason``. Writes are appended with a single
-``os.write`` on an ``O_APPEND`` descriptor so that lines from concurrent writers (the
-proxy task and the runtime, or several runs sharing one file) never interleave.
+``event``, ``layer``, ``verdict`` and ``reason``, and the chain fields ``schema``, ``seq``
+and ``prev`` (``final`` on the run's last event; see :mod:`stockade.audit._chain`).
+Writes are appended with a single ``os.write`` on an ``O_APPEND`` descriptor so that
+lines from concurrent writers (the proxy task and the runtime, or several runs sharing
+one file) never interleave.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stockade._exceptions import SandboxError
+from stockade.audit import _chain
 from stockade.policy._decision import Decision
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -30,6 +33,10 @@ class AuditLog:
 
     Events are kept in memory too (``events``) so that the API can return them with the
     result; ``on_event`` callbacks see each event as it is written.
+
+    The events of one log form a hash chain: each names the hash of the line before it,
+    the first a seed bound to the run id, its start and its policy, and the last one
+    (``end=True``, or the ``log_end`` that :meth:`close` adds) seals the run.
     """
 
     def __init__(self, run_id: str, path: Path | None) -> None:
@@ -40,6 +47,15 @@ class AuditLog:
         self._listeners: list[Callable[[Event], None]] = []
         self._lock = threading.Lock()
         self._fd = -1
+        # The chain: the next event's seq, the hash of the last line written (None before
+        # the first event: the seed stands in), whether the run's end has been written.
+        self._seq = 0
+        self._prev: str | None = None
+        self._ended = False
+        self._fork_of = ""
+        # A forked child (the run server's workers) inherits this object: its events
+        # cannot continue a chain the parent goes on writing, so they start their own.
+        self._pid = os.getpid()
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -64,9 +80,10 @@ class AuditLog:
         layer: str = "",
         verdict: str = "allow",
         reason: str = "",
+        end: bool = False,
         **fields: Any,
     ) -> Event:
-        """Write one event and return it."""
+        """Write one event and return it; ``end=True`` makes it the run's last (sealed)."""
         record: Event = {
             "time": time.time(),
             "run_id": self.run_id,
@@ -76,21 +93,48 @@ class AuditLog:
             "reason": reason,
         }
         record.update(fields)
-        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        record.pop("final", None)  # only a seal writes it, as the line's last field
+        if self._pid != os.getpid():
+            # Before taking the lock, which the parent may have held at the fork.
+            self._forked()
+            record["run_id"] = self.run_id
+        # Serialised under the lock: the order of the lines is the order of the chain.
         with self._lock:
+            if self._prev is None and self._fork_of:
+                record["fork_of"] = self._fork_of
+            # Set after the caller's fields, which cannot overwrite them.
+            record["schema"] = _chain.SCHEMA
+            record["seq"] = self._seq
+            record["prev"] = self._prev if self._prev is not None else _chain.seed(record)
+            line = json.dumps(record, separators=(",", ":"), default=str).encode()
+            if end:
+                line, record["final"] = _chain.seal(line)
+                self._ended = True
             if verdict == "deny":
                 self.denials += 1
             self.events.append(record)
             if self._fd >= 0:
                 try:
-                    os.write(self._fd, line)
+                    os.write(self._fd, line + b"\n")
                 except OSError as exc:
                     raise SandboxError(
                         f"cannot write audit log {self.path}: {exc.strerror}"
                     ) from exc
+            self._prev = _chain.line_hash(line)
+            self._seq += 1
         for listener in self._listeners:
             listener(record)
         return record
+
+    def _forked(self) -> None:
+        """Begin a chain of this process's own, bound to where the parent's stood."""
+        # A lock the parent held at the fork stays held here; this process has no other
+        # thread (fork copies only the caller), so a new lock is safe.
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._fork_of = self._prev or ""
+        self.run_id = f"{self.run_id}.{self._pid}"
+        self._seq, self._prev, self._ended = 0, None, False
 
     def decision(self, event: str, decision: Decision, **fields: Any) -> Event:
         """Write a :class:`Decision` as one event."""
@@ -107,7 +151,18 @@ class AuditLog:
         )
 
     def close(self) -> None:
-        """Close the file; the in-memory events stay available."""
+        """Close the file; the in-memory events stay available.
+
+        A log closed before its run's end event (the run stopped on an error, a proxy
+        or MCP server shut down) gets a sealed ``log_end``, so that it verifies as whole.
+        """
+        if self._seq and not self._ended and self._pid == os.getpid():
+            self.emit(
+                "log_end",
+                verdict="report",
+                end=True,
+                detail="the log was closed before the run's end event",
+            )
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -426,6 +426,7 @@ def _execute(
                     returncode=EXIT_NOT_FOUND,
                     duration=time.monotonic() - started,
                     reason="command-not-found",
+                    end=True,
                 )
                 print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
                 return RunResult(
@@ -521,7 +522,7 @@ def _execute(
             Decision.deny("limits", Reason.LIMIT_WALL_TIME, detail=f"{request.timeout:g}s"),
         )
         returncode = EXIT_TIMEOUT
-    audit.emit("run_end", returncode=returncode, duration=round(duration, 6))
+    audit.emit("run_end", returncode=returncode, duration=round(duration, 6), end=True)
     return RunResult(
         list(request.argv),
         returncode,
