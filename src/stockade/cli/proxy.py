@@ -51,8 +51,6 @@ def execute(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy, workspace=Path.cwd())
     rules = EgressRules.from_policy(policy.network, extra_allow=tuple(args.allow_host))
     audit = AuditLog(f"proxy-{uuid.uuid4().hex[:12]}", args.audit)
-    if not args.quiet:
-        audit.subscribe(_print_event)
     try:
         sock, path = bind_listener(args.listen)
     except ValueError as exc:
@@ -60,6 +58,15 @@ def execute(args: argparse.Namespace) -> int:
         return 2
     except OSError as exc:
         raise SandboxError(f"cannot listen on {args.listen}: {exc.strerror}") from None
+    # The first event seeds the log's hash chain with the policy it enforces.
+    audit.emit(
+        "proxy_start",
+        policy_hash=policy.digest(),
+        allow_host=list(args.allow_host),
+        listen=args.listen,
+    )
+    if not args.quiet:
+        audit.subscribe(_print_event)
     _raise_fd_limit()
     proxy = EgressProxy(rules, audit)
     print(f"stockade proxy: listening on {args.listen}", file=sys.stderr, flush=True)
@@ -75,11 +82,14 @@ def execute(args: argparse.Namespace) -> int:
     finally:
         if path is not None:
             path.unlink(missing_ok=True)
+        audit.emit("proxy_stop", end=True)
         audit.close()
     return 0
 
 
 def _print_event(event: dict[str, object]) -> None:
+    if event.get("event") == "proxy_stop":
+        return  # the log's own bookkeeping, not a connection
     print(
         f"{event.get('event')} {event.get('verdict')} {event.get('reason')} "
         f"{event.get('protocol')} {event.get('host')}:{event.get('port')} "

@@ -350,7 +350,7 @@ def serve(path: str, idle: float) -> int:
             if os.stat(path).st_ino == ours:
                 os.unlink(path)
         listener.close()
-        audit.emit("server_stop", pid=os.getpid(), reason=why)
+        audit.emit("server_stop", pid=os.getpid(), reason=why, end=True)
         audit.close()
     return 0
 
@@ -576,10 +576,13 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
                 reason="process-contained",
                 pid=pid,
                 detail=why,
+                end=True,
             )
             _refuse(conn, why or "no request")
             _done(news)
-        audit.emit("server_run", pid=pid, argv=request[0].argv)
+        # A worker's event is a chain of its own (run id "<server's>.<pid>", bound to
+        # the server's chain by fork_of): the server's own chain goes on without it.
+        audit.emit("server_run", pid=pid, argv=request[0].argv, end=True)
         code = _run_request(conn, *request)
     except BaseException:  # a worker never unwinds into the server's loop
         import traceback
