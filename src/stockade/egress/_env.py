@@ -1,7 +1,9 @@
 """Proxy environment variables for every common client inside the sandbox.
 
-Clients that ignore all of these simply cannot connect (the sandbox has no route), which
-is safe; these variables only make well-behaved clients work.
+These are the fast path, never the enforcement: the sandbox's empty network namespace
+is. Clients that ignore them reach allowed hosts through stockade's resolver and
+transparent capture (``network.transparent``), or, with that off, cannot connect at all.
+Nothing set here may make a common client fail at start.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ def proxy_environment(url: str) -> dict[str, str]:
     """The environment that points clients at the proxy listening at ``url``.
 
     ``url`` is ``http://HOST:PORT`` with a loopback IP host (the address the listener has
-    inside the sandbox). ``ALL_PROXY`` uses ``socks5h://`` so that SOCKS clients send names,
-    which only the proxy resolves. ``NO_PROXY`` is set empty so no host bypasses the proxy.
+    inside the sandbox). ``ALL_PROXY`` is the HTTP proxy too: a ``socks5h://`` URL there
+    makes clients without a SOCKS extra refuse to start (httpx raises "Using SOCKS proxy,
+    but the 'socksio' package is not installed", and the OpenAI and Anthropic SDKs are
+    built on it); SOCKS5 is still served on the same listener for clients told to use it.
+    ``NO_PROXY`` is set empty so no host bypasses the proxy.
     Git gets ``http.proxy`` through ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_0``/
     ``GIT_CONFIG_VALUE_0``; a caller adding its own git settings must renumber them.
     """
@@ -33,7 +38,6 @@ def proxy_environment(url: str) -> dict[str, str]:
     host = f"[{address}]" if address.version == 6 else str(address)
     port = str(parts.port)
     http_url = f"http://{host}:{port}"
-    socks_url = f"socks5h://{host}:{port}"
     java_host = str(address)
     java = " ".join(
         (
@@ -51,10 +55,10 @@ def proxy_environment(url: str) -> dict[str, str]:
     env = {
         "HTTP_PROXY": http_url,
         "HTTPS_PROXY": http_url,
-        "ALL_PROXY": socks_url,
+        "ALL_PROXY": http_url,
         "http_proxy": http_url,
         "https_proxy": http_url,
-        "all_proxy": socks_url,
+        "all_proxy": http_url,
         "NO_PROXY": "",
         "no_proxy": "",
         # Node 24+ reads the variables above only with this set.

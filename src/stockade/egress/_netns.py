@@ -1,10 +1,17 @@
-"""A listening socket inside another process's network namespace, handed back by fd.
+"""Sockets inside another process's network namespace, handed back by fd.
 
 The sandbox has its own network namespace with only loopback. Rather than a forwarder
 process inside it (which the sandbox could kill or impersonate), a short-lived helper
-enters the namespace, binds ``127.0.0.1:PORT`` there, and passes the listening socket back
-over ``SCM_RIGHTS``. The proxy, running outside, then accepts the sandbox's connections
-directly. A socket keeps the namespace it was created in, whoever holds it.
+enters the namespace, makes the sockets there, and passes them back over ``SCM_RIGHTS``:
+the proxy listener on ``127.0.0.1:PORT``, and for transparent egress the resolver's UDP
+and TCP sockets on ``127.0.0.1:53`` and one capture listener per port on the wildcard
+address. The proxy, running outside, then serves them directly. A socket keeps the
+namespace it was created in, whoever holds it.
+
+For capture the helper also adds ``local 0.0.0.0/0`` and ``local ::/0`` routes to the
+namespace (AnyIP): every destination becomes local, so a connection to any address
+reaches a capture listener (and is decided and audited there) instead of failing with
+"network unreachable" unseen. No nftables is involved.
 
 ``setns`` into a user namespace requires a single-threaded caller, and the proxy process
 has threads (asyncio's resolver pool). The helper is therefore a fresh ``fork()``: the
@@ -15,19 +22,64 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import os
 import select
 import signal
 import socket
+import struct
+import time
+from dataclasses import dataclass, field
 
 from stockade._exceptions import SandboxError
 from stockade._libc import libc
 
-__all__ = ["listener_in_netns"]
+__all__ = ["NetnsSockets", "listener_in_netns", "sockets_in_netns"]
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
+#: ioctl on a namespace fd: a new fd for the user namespace that owns it (Linux 4.9)
+_NS_GET_USERNS = 0xB701
 _TIMEOUT = 5.0
+#: SCM_RIGHTS carries at most 253 descriptors in one message (SCM_MAX_FD)
+MAX_CAPTURE_PORTS = 200
+#: the resolver's port inside the sandbox, named by its /etc/resolv.conf
+DNS_PORT = 53
+
+# rtnetlink (linux/rtnetlink.h): one RTM_NEWROUTE for "local <family default> dev lo"
+_RTM_NEWROUTE = 24
+_NLMSG_ERROR = 2
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+_RT_TABLE_LOCAL = 255
+_RTPROT_STATIC = 4
+_RT_SCOPE_HOST = 254
+_RTN_LOCAL = 2
+_RTA_OIF = 4
+_SIOCGIFFLAGS = 0x8913
+_IFF_UP = 0x1
+
+
+@dataclass
+class NetnsSockets:
+    """What the helper made inside the namespace (the caller owns and closes them)."""
+
+    proxy: socket.socket
+    dns_udp: socket.socket | None = None
+    dns_tcp: socket.socket | None = None
+    #: one listener per capture port, in the order asked for
+    captures: list[socket.socket] = field(default_factory=list)
+
+    def all(self) -> list[socket.socket]:
+        """Every socket, for closing."""
+        out = [self.proxy, *self.captures]
+        out += [s for s in (self.dns_udp, self.dns_tcp) if s is not None]
+        return out
+
+    def close(self) -> None:
+        """Close every socket."""
+        for sock in self.all():
+            sock.close()
 
 
 def _same_namespace(path: str, ours: str) -> bool:
@@ -42,26 +94,124 @@ def _same_namespace(path: str, ours: str) -> bool:
 def _setns(fd: int, nstype: int) -> None:
     # os.setns arrived in Python 3.12; on 3.11 call libc directly.
     if libc().setns(ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
-def _child(channel: socket.socket, user_fd: int, net_fd: int, port: int) -> None:
-    """Runs in the forked helper; reports ``OK`` with the fd, or ``ERR step: reason``."""
+def _wait_for_loopback() -> None:
+    """Wait until bubblewrap has brought ``lo`` up in the new namespace.
+
+    bubblewrap configures loopback in its child concurrently with our helper; binding
+    127.0.0.1 or routing through ``lo`` before that fails (or, worse, races). Bringing it
+    up ourselves would make bubblewrap's own exclusive address request fail.
+    """
+    request = struct.pack("16sH14x", b"lo", 0)
+    deadline = time.monotonic() + _TIMEOUT
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        while True:
+            answer = fcntl.ioctl(probe.fileno(), _SIOCGIFFLAGS, request)
+            (flags,) = struct.unpack_from("H", answer, 16)
+            if flags & _IFF_UP:
+                return
+            if time.monotonic() > deadline:
+                raise OSError(errno.ENETDOWN, "loopback did not come up")
+            time.sleep(0.0002)
+
+
+def _add_local_default(family: int) -> bool:
+    """Add ``local <default> dev lo`` to the local table; False when the family is off."""
+    ifindex = socket.if_nametoindex("lo")
+    rtm = struct.pack(
+        "=BBBBBBBBI",
+        family,
+        0,
+        0,
+        0,
+        _RT_TABLE_LOCAL,
+        _RTPROT_STATIC,
+        _RT_SCOPE_HOST,
+        _RTN_LOCAL,
+        0,
+    )
+    body = rtm + struct.pack("=HHi", 8, _RTA_OIF, ifindex)
+    flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL
+    message = struct.pack("=IHHII", 16 + len(body), _RTM_NEWROUTE, flags, 1, 0) + body
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        nl.sendall(message)
+        answer = nl.recv(4096)
+    _length, kind, _flags, _seq, _pid = struct.unpack_from("=IHHII", answer)
+    if kind != _NLMSG_ERROR:
+        raise OSError(errno.EPROTO, "rtnetlink answered with no acknowledgement")
+    (error,) = struct.unpack_from("=i", answer, 16)
+    if error in (0, -errno.EEXIST):
+        return True
+    if family == socket.AF_INET6 and -error in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
+        return False  # IPv6 is off in this kernel: v6 destinations stay unreachable
+    raise OSError(-error, os.strerror(-error))
+
+
+def _capture_listener(port: int) -> socket.socket:
+    """A listener on every address (IPv4 and IPv6 where the kernel has IPv6)."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address: tuple[str, int] = ("0.0.0.0", port)  # noqa: S104 - inside the sandbox's netns
+    else:
+        # Dual-stack: IPv4 connections arrive as ::ffff:a.b.c.d.
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address = ("::", port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(1024)
+    return sock
+
+
+@dataclass(frozen=True)
+class _Request:
+    port: int
+    dns: bool
+    capture_ports: tuple[int, ...]
+
+
+def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request) -> None:
+    """Runs in the forked helper; reports ``OK`` with the fds, or ``ERR step: reason``."""
     step = "setns(user)"
     try:
         if user_fd >= 0:
             _setns(user_fd, _CLONE_NEWUSER)
         step = "setns(net)"
         _setns(net_fd, _CLONE_NEWNET)
-        step = "bind 127.0.0.1"
+        made: list[socket.socket] = []
+        step = "wait for lo"
+        _wait_for_loopback()
+        if request.capture_ports:
+            step = "route add local 0.0.0.0/0 dev lo"
+            _add_local_default(socket.AF_INET)
+            step = "route add local ::/0 dev lo"
+            _add_local_default(socket.AF_INET6)
+        step = f"bind 127.0.0.1:{request.port}"
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
-        step = "listen"
+        listener.bind(("127.0.0.1", request.port))
         listener.listen(1024)
-        step = "send fd"
-        socket.send_fds(channel, [b"OK"], [listener.fileno()])
+        made.append(listener)
+        if request.dns:
+            step = f"bind udp 127.0.0.1:{DNS_PORT}"
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp.bind(("127.0.0.1", DNS_PORT))
+            made.append(udp)
+            step = f"bind tcp 127.0.0.1:{DNS_PORT}"
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind(("127.0.0.1", DNS_PORT))
+            tcp.listen(128)
+            made.append(tcp)
+        for port in request.capture_ports:
+            step = f"bind [::]:{port}"
+            made.append(_capture_listener(port))
+        step = "send fds"
+        socket.send_fds(channel, [b"OK"], [s.fileno() for s in made])
     except BaseException as exc:
         message = f"ERR {step}: {getattr(exc, 'strerror', None) or exc}"
         with contextlib.suppress(BaseException):
@@ -71,39 +221,65 @@ def _child(channel: socket.socket, user_fd: int, net_fd: int, port: int) -> None
 def listener_in_netns(pid: int, port: int = 0) -> socket.socket:
     """A TCP socket listening on 127.0.0.1:``port`` inside the network namespace of ``pid``.
 
-    Joins ``pid``'s user namespace first when it differs from ours and we are not root
-    (an unprivileged owner needs it to act in that namespace; root outside may enter the
-    network namespace directly). ``port`` 0 lets the kernel pick; read it back with
-    ``getsockname()``. Raises :class:`SandboxError` naming the step that failed.
+    ``port`` 0 lets the kernel pick; read it back with ``getsockname()``. Raises
+    :class:`SandboxError` naming the step that failed.
     """
+    return sockets_in_netns(pid, port).proxy
+
+
+def sockets_in_netns(
+    pid: int, port: int = 0, *, dns: bool = False, capture_ports: tuple[int, ...] = ()
+) -> NetnsSockets:
+    """The proxy listener, and optionally the resolver's and capture sockets, inside the
+    network namespace of ``pid``.
+
+    The helper joins the user namespace that owns that network namespace first when we
+    are not root and it is not ours (binding ports below 1024 and adding routes need
+    capabilities there; with bubblewrap's ``--disable-userns`` the sandboxed process
+    sits in a nested user namespace, which does not own the network namespace).
+    With ``capture_ports`` it adds the AnyIP routes (see the module's docstring).
+    Raises :class:`SandboxError` naming the step that failed.
+    """
+    if len(capture_ports) > MAX_CAPTURE_PORTS:
+        raise SandboxError(
+            f"{len(capture_ports)} ports to capture; at most {MAX_CAPTURE_PORTS} "
+            "(name fewer host:port entries in network.allow)"
+        )
     net_path = f"/proc/{pid}/ns/net"
-    user_path = f"/proc/{pid}/ns/user"
     if _same_namespace(net_path, "/proc/self/ns/net"):
         raise SandboxError(
             f"process {pid} shares our network namespace; start the sandbox with "
             "--unshare-net so that the listener is the only way out"
         )
-    join_user = os.geteuid() != 0 and not _same_namespace(user_path, "/proc/self/ns/user")
     try:
         net_fd = os.open(net_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise SandboxError(f"open {net_path}: {exc.strerror}; is process {pid} running?") from None
     user_fd = -1
     try:
-        if join_user:
+        if os.geteuid() != 0:
             try:
-                user_fd = os.open(user_path, os.O_RDONLY | os.O_CLOEXEC)
+                user_fd = fcntl.ioctl(net_fd, _NS_GET_USERNS)
             except OSError as exc:
-                raise SandboxError(f"open {user_path}: {exc.strerror}") from None
+                raise SandboxError(
+                    f"cannot find the user namespace that owns {net_path}: {exc.strerror}"
+                ) from None
+            os.set_inheritable(user_fd, False)
+            owner = os.fstat(user_fd)
+            ours = os.stat("/proc/self/ns/user")
+            if (owner.st_dev, owner.st_ino) == (ours.st_dev, ours.st_ino):
+                os.close(user_fd)
+                user_fd = -1
         libc()  # loaded before fork, so the helper only makes system calls
-        return _fork_helper(user_fd, net_fd, port)
+        return _fork_helper(user_fd, net_fd, _Request(port, dns, tuple(capture_ports)))
     finally:
         os.close(net_fd)
         if user_fd >= 0:
             os.close(user_fd)
 
 
-def _fork_helper(user_fd: int, net_fd: int, port: int) -> socket.socket:
+def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> NetnsSockets:
+    wanted = 1 + (2 if request.dns else 0) + len(request.capture_ports)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         pid = os.fork()
@@ -111,7 +287,7 @@ def _fork_helper(user_fd: int, net_fd: int, port: int) -> socket.socket:
             code = 1
             try:
                 parent.close()
-                _child(child, user_fd, net_fd, port)
+                _child(child, user_fd, net_fd, request)
                 code = 0
             finally:
                 os._exit(code)
@@ -121,21 +297,26 @@ def _fork_helper(user_fd: int, net_fd: int, port: int) -> socket.socket:
             ready, _, _ = select.select([parent], [], [], _TIMEOUT)
             if not ready:
                 raise SandboxError("netns helper did not answer in time")
-            message, fds, _, _ = socket.recv_fds(parent, 1024, 1)
+            message, fds, _, _ = socket.recv_fds(parent, 1024, wanted)
             answered = True
         finally:
             _reap(pid, kill=not answered)
     finally:
         parent.close()
         child.close()
-    if message != b"OK" or len(fds) != 1:
+    if message != b"OK" or len(fds) != wanted:
         for fd in fds:
             os.close(fd)
         text = message.decode("utf-8", "replace").removeprefix("ERR ") or "helper exited"
         raise SandboxError(f"cannot create a listener in the sandbox network namespace: {text}")
-    listener = socket.socket(fileno=fds[0])
-    listener.set_inheritable(False)
-    return listener
+    socks = [socket.socket(fileno=fd) for fd in fds]
+    for sock in socks:
+        sock.set_inheritable(False)
+    out = NetnsSockets(socks.pop(0))
+    if request.dns:
+        out.dns_udp, out.dns_tcp = socks.pop(0), socks.pop(0)
+    out.captures = socks
+    return out
 
 
 def _reap(pid: int, kill: bool) -> None:

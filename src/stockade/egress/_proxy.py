@@ -18,7 +18,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ from stockade.egress._addr import IPAddress
 from stockade.egress._relay import RELAY_BUFFER, relay
 from stockade.egress._rules import LAYER, AddressVerdict, EgressRules, parse_address
 from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, parse_client_hello
+from stockade.egress.dns._pool import AddressPool
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
 
@@ -201,8 +202,11 @@ class EgressProxy:
         max_connections: int = 4096,
         relay_buffer: int = RELAY_BUFFER,
         inspect: Interceptor | None = None,
+        pool: AddressPool | None = None,
     ) -> None:
         self._rules = rules
+        #: the synthetic addresses of stockade's resolver (transparent capture), if any
+        self.pool = pool
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
         self.inspect = inspect
         self._audit = audit
@@ -235,12 +239,27 @@ class EgressProxy:
         The socket is owned by the proxy from now on and closed when serving stops; open
         connections are closed and their audit events written before this returns.
         """
+        await self._serve_listener(sock, self._handle)
+
+    async def serve_capture(self, sock: socket.socket) -> None:
+        """Accept transparently captured connections on ``sock`` until :meth:`close`.
+
+        ``sock`` listens inside the sandbox's network namespace on a wildcard address;
+        each connection's local address (the synthetic address the client dialled, see
+        :class:`~stockade.egress.dns.AddressPool`) says which name and port it was meant
+        for, and it is then decided exactly as a CONNECT to that name and port would be.
+        """
+        await self._serve_listener(sock, self._handle_capture)
+
+    async def _serve_listener(
+        self, sock: socket.socket, handler: Callable[[socket.socket], Coroutine[Any, Any, None]]
+    ) -> None:
         if self._closed:
             sock.close()
             raise SandboxError("the egress proxy is closed; create a new one")
         sock.setblocking(False)
         self._listeners.append(sock)
-        inner = asyncio.get_running_loop().create_task(self._accept_loop(sock))
+        inner = asyncio.get_running_loop().create_task(self._accept_loop(sock, handler))
         self._accept_tasks.add(inner)
         try:
             await inner
@@ -300,7 +319,9 @@ class EgressProxy:
         """Connections being handled right now."""
         return len(self._tasks)
 
-    async def _accept_loop(self, sock: socket.socket) -> None:
+    async def _accept_loop(
+        self, sock: socket.socket, handler: Callable[[socket.socket], Coroutine[Any, Any, None]]
+    ) -> None:
         """Accept from a reader callback that stays registered for the listener's life.
 
         ``loop.sock_accept`` would register and unregister the listener with epoll for
@@ -334,7 +355,7 @@ class EgressProxy:
                     logger.warning("egress: accept failed: %s", exc.strerror or exc)
                     loop.call_later(0.05, resume)
                     return
-                self._start(conn, loop)
+                self._start(conn, loop, handler)
 
         def resume() -> None:
             if not self._closed and not broken.done():
@@ -348,7 +369,12 @@ class EgressProxy:
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(fd)
 
-    def _start(self, conn: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+    def _start(
+        self,
+        conn: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        handler: Callable[[socket.socket], Coroutine[Any, Any, None]],
+    ) -> None:
         """Handle one accepted connection in a task of its own, within the cap."""
         if len(self._tasks) >= self.max_connections:
             record = _Record(protocol="unknown")
@@ -356,7 +382,7 @@ class EgressProxy:
             conn.close()
             self._emit("net_connect", record)
             return
-        task = loop.create_task(self._handle(conn))
+        task = loop.create_task(handler(conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -378,21 +404,62 @@ class EgressProxy:
     # -- one connection -------------------------------------------------------------------
 
     async def _handle(self, sock: socket.socket) -> None:
+        await self._guarded(sock, _Record(), self._serve_explicit)
+
+    async def _handle_capture(self, sock: socket.socket) -> None:
         record = _Record()
+        record.extra["mode"] = "transparent"
+        await self._guarded(sock, record, self._serve_captured)
+
+    async def _serve_explicit(self, client: _Client, record: _Record) -> None:
+        if not client.read_ready():
+            async with asyncio.timeout(self.handshake_timeout):
+                await client.read()
+        if client.buffer[0] == _socks.VERSION:
+            await self._serve_socks(client, record)
+        else:
+            await self._serve_http(client, record)
+
+    async def _serve_captured(self, client: _Client, record: _Record) -> None:
+        """A captured connection: its destination is the address the client dialled."""
+        local = client.sock.getsockname()
+        address: IPAddress = parse_address(str(local[0]))
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        port = int(local[1])
+        name = self.pool.name_of(address) if self.pool is not None else None
+        # An address stockade did not issue (an IP literal, a host-file entry) is decided
+        # as a CONNECT to that literal would be: refused unless the policy names it.
+        host = name if name is not None else str(address)
+        if self.rules.is_tls_port(port):
+            record.protocol = "tls"
+        elif port == 80:
+            await self._serve_http(client, record, origin=(host, port))
+            return
+        else:
+            record.protocol = "tcp"
+
+        async def nothing(*_: object) -> None:
+            # The client already believes it is connected: there is no reply to send,
+            # and a refusal is the connection closing.
+            return
+
+        await self._tunnel(client, record, host, port, nothing, nothing)
+
+    async def _guarded(
+        self,
+        sock: socket.socket,
+        record: _Record,
+        serve: Callable[[_Client, _Record], Awaitable[None]],
+    ) -> None:
+        """Serve one accepted connection; whatever happens, exactly one event."""
         loop = asyncio.get_running_loop()
         try:
             sock.setblocking(False)
             if sock.family != socket.AF_UNIX:
                 # Replies go out as soon as they are written, not after the client's ACK.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client = _Client(sock, loop)
-            if not client.read_ready():
-                async with asyncio.timeout(self.handshake_timeout):
-                    await client.read()
-            if client.buffer[0] == _socks.VERSION:
-                await self._serve_socks(client, record)
-            else:
-                await self._serve_http(client, record)
+            await serve(_Client(sock, loop), record)
         except _Closed:
             if record.decision is None:
                 record.decision = _deny(Reason.BAD_REQUEST, "client closed before a request")
@@ -417,6 +484,10 @@ class EgressProxy:
 
     async def _vet(self, host_raw: str, port: int, record: _Record) -> IPAddress | None:
         """Decide, resolve and classify; the address to dial, or None (record says why)."""
+        if self.pool is not None and len(self.pool):
+            # A client that resolved through stockade's resolver and then asked the proxy
+            # for the address (socks5://, some CONNECT clients) means the name.
+            host_raw = self._issued_name(host_raw) or host_raw
         named = self._names.get((host_raw, port))
         if named is None:
             try:
@@ -475,6 +546,16 @@ class EgressProxy:
         record.address_class = str(first_denied.address_class)
         record.decision = first_denied.decision
         return None
+
+    def _issued_name(self, host_raw: str) -> str | None:
+        assert self.pool is not None
+        if not host_raw[:1].isdigit() and not host_raw.startswith(("[", ":")):
+            return None
+        try:
+            address = parse_address(host_raw.removeprefix("[").removesuffix("]"))
+        except ValueError:
+            return None
+        return self.pool.name_of(address)
 
     async def _resolve(self, host: str, port: int) -> Sequence[IPAddress]:
         if self._resolver is not None:
@@ -679,7 +760,11 @@ class EgressProxy:
 
     # -- HTTP: CONNECT and the forward proxy -------------------------------------------------
 
-    async def _serve_http(self, client: _Client, record: _Record) -> None:
+    async def _serve_http(
+        self, client: _Client, record: _Record, origin: tuple[str, int] | None = None
+    ) -> None:
+        """Serve HTTP requests: as a proxy, or for ``origin`` (a captured ``name, port``)
+        as the origin server the client thinks it reached."""
         record.protocol = "http"
         first = True
         while True:
@@ -709,6 +794,10 @@ class EgressProxy:
                     self._emit("net_request", request_record)
                 return
             first = False
+            if event.method == b"CONNECT" and origin is not None:
+                record.decision = _deny(Reason.BAD_REQUEST, "CONNECT to an origin server")
+                await client.send(_http.error_response(400, Reason.BAD_REQUEST, "not a proxy"))
+                return
             if event.method == b"CONNECT":
                 record.protocol = "connect"
                 await self._connect(client, record, event)
@@ -719,7 +808,7 @@ class EgressProxy:
                 record.decision = Decision.allow(LAYER, detail="forward proxy")
             keep = False
             try:
-                keep = await self._forward(client, conn, event, request_record)
+                keep = await self._forward(client, conn, event, request_record, origin)
             finally:
                 record.bytes_up += request_record.bytes_up
                 record.bytes_down += request_record.bytes_down
@@ -773,11 +862,18 @@ class EgressProxy:
         conn: h11.Connection | None,
         request: h11.Request | _http.PlainRequest,
         record: _Record,
+        origin: tuple[str, int] | None = None,
     ) -> bool:
-        """Serve one absolute-form request; True when the client connection stays open."""
+        """Serve one absolute-form request (or, for a captured ``origin``, an origin-form
+        one whose Host names it); True when the client connection stays open."""
         record.extra["method"] = request.method.decode("ascii", "replace")
+        if origin is not None:
+            record.extra["mode"] = "transparent"
         try:
-            target = _http.parse_forward_target(request.target)
+            if origin is None:
+                target = _http.parse_forward_target(request.target)
+            else:
+                target = _origin_target(request, *origin)
         except (_http.BadRequest, UnicodeDecodeError) as exc:
             record.decision = _deny(Reason.BAD_REQUEST, str(exc))
             await client.send(_http.error_response(400, Reason.BAD_REQUEST, str(exc)))
@@ -1021,6 +1117,30 @@ class EgressProxy:
                 return keep
             # ConnectionClosed before the end of a response: the client sees a cut body.
             return False
+
+
+def _origin_target(
+    request: h11.Request | _http.PlainRequest, name: str, port: int
+) -> _http.ForwardTarget:
+    """The target of a captured plain-HTTP request to ``name:port``.
+
+    Its Host header must name the same host (and port) the client's address was issued
+    for: a request whose Host says otherwise is the Host-header bypass, refused.
+    """
+    if not request.target.startswith(b"/"):
+        raise _http.BadRequest("a request to an origin server needs an origin-form target")
+    value = _header(request.headers, b"host")
+    if value is not None:
+        host, host_port = _http.parse_authority(value.decode("ascii"), 80)
+        try:
+            host = normalize_host(host)
+        except ValueError as exc:
+            raise _http.BadRequest(f"Host: {exc}") from None
+        if host != name or host_port != port:
+            raise _http.BadRequest(
+                f"Host {_printable(host)}:{host_port} is not {name}:{port}, the address's name"
+            )
+    return _http.ForwardTarget(name, port, request.target)
 
 
 def _wants_close(headers: Sequence[tuple[bytes, bytes]]) -> bool:

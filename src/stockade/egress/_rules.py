@@ -134,6 +134,30 @@ class EgressRules:
                 return Decision.allow(LAYER, rule=pattern.text)
         return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
 
+    def check_lookup(self, host: str) -> Decision:
+        """Whether stockade's resolver answers normalised ``host`` with an address.
+
+        A ``deny`` entry for the name on every port denies it; an ``allow`` entry that
+        names it on some port, or a ``hosts`` pin, lets it resolve. Each connection is
+        still decided on its own by :meth:`check_name` (a port-bound deny included).
+        """
+        for pattern in self._deny:
+            if pattern.port is None and pattern.matches(host, 0):
+                return Decision.deny(LAYER, Reason.HOST_DENIED, rule=pattern.text)
+        for pattern in self._allow:
+            if pattern.matches(host, pattern.port or 0):
+                return Decision.allow(LAYER, rule=pattern.text)
+        if host in self._pins:
+            return Decision.allow(LAYER, rule=f"hosts.{host}")
+        return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
+
+    def capture_ports(self) -> tuple[int, ...]:
+        """The ports transparent capture listens on: 80, 443, the TLS ports and every port
+        an ``allow`` entry names, in ascending order."""
+        ports = {80, 443, *self.tls_ports}
+        ports.update(p.port for p in self._allow if p.port is not None)
+        return tuple(sorted(ports))
+
     def check_address(self, host: str, port: int, address: IPAddress) -> AddressVerdict:
         """Decide one address that ``host`` resolved to (or is)."""
         address_class = classify(address, self.local)

@@ -1,7 +1,9 @@
 """The ``secrets`` layer: the child's environment, built from an allow-list.
 
 Nothing is inherited wholesale. The child gets PATH, the locale, TERM, TZ, USER, SHELL,
-a HOME that is the sandbox's own, and only what the policy passes or sets. A caller
+the variables that name trust stores (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ...:
+public certificates, which clients on networks with their own CA need), a HOME that is
+the sandbox's own, and only what the policy passes or sets. A caller
 variable that looks like a credential is never passed unless the policy entry says
 ``allow_secret = true``.
 
@@ -14,13 +16,15 @@ policy passes on purpose.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from stockade._record import record
 from stockade.policy import EnvPolicy
 from stockade.policy._credentials import looks_like_credential
-from stockade.policy._tables import BASE_ENV_NAMES
+from stockade.policy._tables import BASE_ENV_NAMES, TRUST_DIR_NAMES, TRUST_ENV_NAMES
 
 _LC = re.compile(r"^LC_[A-Z]+$")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -55,7 +59,7 @@ def build_environment(
         withheld: list[str] = []
     else:
         env = {}
-        for name in BASE_ENV_NAMES:
+        for name in (*BASE_ENV_NAMES, *TRUST_ENV_NAMES):
             if name in caller:
                 env[name] = caller[name]
         for name, value in caller.items():
@@ -72,3 +76,17 @@ def build_environment(
     if extra:
         env.update(extra)
     return EnvironmentPlan(env, tuple(withheld))
+
+
+def trust_paths(env: Mapping[str, str]) -> list[Path]:
+    """The trust stores (files and directories) the variables in ``env`` name, that exist."""
+    out: list[Path] = []
+    for name in TRUST_ENV_NAMES:
+        value = env.get(name)
+        if not value or not os.path.isabs(value):
+            continue
+        path = Path(os.path.normpath(value))
+        want_dir = name in TRUST_DIR_NAMES
+        if (path.is_dir() if want_dir else path.is_file()) and path not in out:
+            out.append(path)
+    return out

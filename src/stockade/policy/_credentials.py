@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from stockade.policy._tables import TRUST_ENV_NAMES
+
 # Substrings and shapes that mark a credential in the names real tools use
 # (GH_TOKEN, NPM_TOKEN, AWS_SECRET_ACCESS_KEY, ANTHROPIC_API_KEY, DATABASE_URL, ...).
 _CREDENTIAL = re.compile(
@@ -25,4 +27,8 @@ def looks_like_credential(name: str) -> bool:
     >>> looks_like_credential("GH_TOKEN"), looks_like_credential("LANG")
     (True, False)
     """
-    return bool(_CREDENTIAL.search(name))
+    # Trust stores name public certificates (AWS_CA_BUNDLE matched ^AWS_).
+    return name not in _TRUST and bool(_CREDENTIAL.search(name))
+
+
+_TRUST = frozenset(TRUST_ENV_NAMES)

@@ -501,6 +501,7 @@ def _build(
     for i, port in enumerate(tls_ports):
         if port > 65535:
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
+    transparent = v.boolean("network.transparent", net.get("transparent", True))
 
     # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
     # A workspace file is checked against the allow-list it will be composed with.
@@ -528,7 +529,7 @@ def _build(
     policy = Policy(
         filesystem=FilesystemPolicy(workspace, read, write, deny, protect),
         env=EnvPolicy(tuple(passes), env_set),
-        network=NetworkPolicy(allow, ndeny, hosts, tls_ports, rules, upstream_ca),
+        network=NetworkPolicy(allow, ndeny, hosts, tls_ports, rules, upstream_ca, transparent),
         limits=limits,
         layers=layers,
         secrets=secrets,
@@ -625,6 +626,8 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
             tls_ports=tuple(sorted(set(base.network.tls_ports) | set(ws.network.tls_ports))),
             rules=rules,
             upstream_ca=base.network.upstream_ca,
+            # A workspace file may switch capture off, never back on.
+            transparent=base.network.transparent and ws.network.transparent,
         ),
         limits=limits,
         layers=LayersPolicy(

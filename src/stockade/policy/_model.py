@@ -135,6 +135,9 @@ class NetworkPolicy:
     rules: tuple[RequestRule, ...] = ()
     #: CA file that upstream TLS is verified against instead of the system roots
     upstream_ca: Path | None = None
+    #: stockade's resolver and transparent capture inside the sandbox, for clients
+    #: that ignore proxy variables (the proxy variables stay set as a fast path)
+    transparent: bool = True
 
 
 @record
@@ -227,6 +230,7 @@ class Policy:
                 "deny": list(self.network.deny),
                 "hosts": dict(self.network.hosts),
                 "tls_ports": list(self.network.tls_ports),
+                "transparent": self.network.transparent,
             },
             "limits": asdict(self.limits),
             "layers": asdict(self.layers),

@@ -56,6 +56,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "tls_ports": Key(
             "ports", "[443]", "ports on which a tunnel must carry TLS whose SNI matches"
         ),
+        "transparent": Key(
+            "bool",
+            "true",
+            "stockade's resolver inside the sandbox, and capture of connections to the "
+            "addresses it hands out (ports 80, 443, tls_ports and ports named in allow), "
+            "for clients that ignore proxy variables",
+        ),
         # --- inspect ---
         "rules": Key(
             "rules",

@@ -109,4 +109,31 @@ def risky_host(entry: str) -> str | None:
     for name, what in RISKY_HOSTS.items():
         if host == name or host.endswith("." + name) or name.endswith("." + host):
             return what
+#: Environment variables that name trust stores (CA bundles and directories): public
+#: certificates, not secrets. Passed from the caller by default, never reported as
+#: credentials; the runtime keeps the files they name readable inside the sandbox, and
+#: with inspection on points every one of them at one bundle of the caller's trust plus
+#: the run's CA.
+TRUST_ENV_NAMES: tuple[str, ...] = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE",
+    "DENO_CERT",
+    "HTTPLIB2_CA_CERTS",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "NIX_SSL_CERT_FILE",
+    "BUNDLE_SSL_CA_CERT",
+    "npm_config_cafile",
+    "NPM_CONFIG_CAFILE",
+)
+
+#: Of :data:`TRUST_ENV_NAMES`, those that name a directory of certificates, not a file.
+TRUST_DIR_NAMES: frozenset[str] = frozenset({"SSL_CERT_DIR", "GIT_SSL_CAPATH"})
     return None

@@ -8,6 +8,12 @@ proxy accepts on it directly, so nothing inside the sandbox relays traffic and e
 sandbox reaches only its own proxy (identity is structural, DESIGN §4 rule 7). Only then
 is the command released.
 
+With ``network.transparent`` (the default) the same helper also makes stockade's
+resolver sockets (127.0.0.1:53) and one capture listener per port inside the namespace,
+and the sandbox's ``/etc/resolv.conf`` names that resolver: clients that ignore proxy
+variables resolve an allowed name to a synthetic address and their connection to it is
+captured and decided like a CONNECT (:mod:`stockade.egress.dns`, ``serve_capture``).
+
 If the proxy fails, its listener closes and the sandbox has no way out at all: the
 failure is fail-closed by construction, and it is reported in the audit log.
 """
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
+import stat
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -23,11 +32,78 @@ from pathlib import Path
 from typing import Any
 
 from stockade.audit import AuditLog
-from stockade.egress import EgressProxy, EgressRules, listener_in_netns, proxy_environment
-from stockade.policy import Policy
+from stockade.egress import EgressProxy, EgressRules, proxy_environment
+from stockade.egress._netns import DNS_PORT, sockets_in_netns
+from stockade.egress.dns import AddressPool, DnsServer
+from stockade.enforce.environment import trust_paths
+from stockade.policy import Decision, Policy
 
 #: The port the proxy listens on inside every sandbox (its own network namespace).
 PROXY_PORT = 3128
+
+#: The sandbox's resolver configuration: stockade's resolver only, no search list (the
+#: host's would turn single-label names into extra queries), a fast retry.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:2\n"
+#: Host-side resolver sockets that bypass resolv.conf (nscd, systemd-resolved's varlink,
+#: avahi). Visible only when the container layer is off; masked then, since each would
+#: resolve any name on the host: an exfiltration channel around the proxy.
+RESOLVER_SOCKETS = (
+    "/run/nscd/socket",
+    "/var/run/nscd/socket",
+    "/run/systemd/resolve/io.systemd.Resolve",
+    "/run/systemd/resolve/io.systemd.Resolve.Monitor",
+    "/run/avahi-daemon/socket",
+)
+
+
+def _nsswitch() -> str | None:
+    """The host's nsswitch.conf with ``hosts: files dns`` (no nscd, resolved or mdns)."""
+    try:
+        text = Path("/etc/nsswitch.conf").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [
+        "hosts: files dns" if line.split(":", 1)[0].strip() == "hosts" else line
+        for line in text.splitlines()
+    ]
+    if "hosts: files dns" not in lines:
+        lines.append("hosts: files dns")
+    return "\n".join(lines) + "\n"
+
+
+def resolver_files(scratch: Path, hostname: str, isolate: bool) -> list[tuple[Path, str]]:
+    """Files to bind read-only over the sandbox's resolver configuration.
+
+    Each is bound at the real path of the host's file (``/etc/resolv.conf`` is often a
+    symlink into /run; a bind onto a dangling symlink fails). A file the host lacks is
+    left alone: glibc, musl, c-ares and Go all default to a nameserver on 127.0.0.1,
+    which is stockade's resolver.
+    """
+    hosts = (
+        "127.0.0.1\tlocalhost\n"
+        "::1\tlocalhost ip6-localhost ip6-loopback\n"
+        # getaddrinfo(gethostname()) must work (Java's InetAddress.getLocalHost, Gradle).
+        f"127.0.1.1\t{hostname}\n"
+    )
+    out: list[tuple[Path, str]] = []
+    for name, text in (
+        ("resolv.conf", RESOLV_CONF),
+        ("hosts", hosts),
+        ("nsswitch.conf", _nsswitch()),
+    ):
+        target = os.path.realpath(f"/etc/{name}")
+        if text is None or not os.path.isfile(target):
+            continue
+        path = scratch / f"etc-{name}"
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o644)
+        out.append((path, target))
+    if not isolate:
+        for sock in RESOLVER_SOCKETS:
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.stat(sock).st_mode):
+                    out.append((Path("/dev/null"), sock))
+    return out
 
 
 def inspects(policy: Policy) -> bool:
@@ -59,6 +135,17 @@ class EgressPlan:
         self.rules = EgressRules.from_policy(policy.network)
         self.env = proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
         self.files: list[tuple[Path, str]] = []
+        #: the trust stores the caller's variables name (trusted upstream as well)
+        self.caller_trust = [p for p in trust_paths(caller_env) if p.is_file()]
+        self.transparent = policy.network.transparent
+        #: ports captured inside the sandbox; the proxy's and the resolver's own are
+        #: taken by their listeners
+        self.capture_ports: tuple[int, ...] = ()
+        if self.transparent:
+            reserved = {PROXY_PORT, DNS_PORT}
+            self.capture_ports = tuple(p for p in self.rules.capture_ports() if p not in reserved)
+            hostname = "stockade" if inside_dir else socket.gethostname()
+            self.files += resolver_files(scratch, hostname, isolate=inside_dir is not None)
         self._ca: Any = None
         self._store: Any = None
         if inspects(policy):
@@ -70,7 +157,7 @@ class EgressPlan:
             )
 
             self._ca = CertificateAuthority.ephemeral()
-            bundle = write_trust_bundle(self._ca, scratch / "ca-bundle.pem")
+            bundle = write_trust_bundle(self._ca, scratch / "ca-bundle.pem", self.caller_trust)
             inside = f"{inside_dir}/ca-bundle.pem" if inside_dir else str(bundle)
             self.files.append((bundle, inside))
             self.env.update(trust_environment(inside))
@@ -96,8 +183,12 @@ class EgressPlan:
         if self._ca is not None:
             from stockade.egress.inspect import InspectLayer
 
-            inspect = InspectLayer.from_policy(self.policy, self._ca, audit, secrets=self._store)
-        return RunProxy(EgressProxy(self.rules, audit, inspect=inspect), self.loop(), audit)
+            inspect = InspectLayer.from_policy(
+                self.policy, self._ca, audit, secrets=self._store, caller_trust=self.caller_trust
+            )
+        pool = AddressPool() if self.transparent else None
+        proxy = EgressProxy(self.rules, audit, inspect=inspect, pool=pool)
+        return RunProxy(proxy, self.loop(), audit, self.capture_ports if self.transparent else None)
 
     def close(self) -> None:
         """Stop the event loop thread."""
@@ -113,19 +204,48 @@ class RunProxy:
     """The proxy of one run, served on the shared event loop."""
 
     def __init__(
-        self, proxy: EgressProxy, loop: asyncio.AbstractEventLoop, audit: AuditLog
+        self,
+        proxy: EgressProxy,
+        loop: asyncio.AbstractEventLoop,
+        audit: AuditLog,
+        capture_ports: tuple[int, ...] | None = None,
     ) -> None:
         self.proxy = proxy
         self.loop = loop
         self.audit = audit
+        #: None: no resolver and no capture (``network.transparent = false``)
+        self.capture_ports = capture_ports
+        self.dns: DnsServer | None = None
+        if capture_ports is not None and proxy.pool is not None:
+            self.dns = DnsServer(proxy.rules, proxy.pool, self._dns_event)
         self._serving: list[Future[None]] = []
 
+    def _dns_event(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
+        self.audit.decision(event, decision, **fields)
+
     def attach(self, child_pid: int) -> None:
-        """Create the listener inside ``child_pid``'s network namespace and serve it."""
-        sock = listener_in_netns(child_pid, PROXY_PORT)
-        self._serving.append(
-            asyncio.run_coroutine_threadsafe(self.proxy.serve_socket(sock), self.loop)
+        """Create the listeners inside ``child_pid``'s network namespace and serve them.
+
+        Raises :class:`~stockade.SandboxError` when any of them cannot be made: the
+        command then never starts (a sandbox whose resolver or capture is missing would
+        break clients silently, or be wider than asked).
+        """
+        socks = sockets_in_netns(
+            child_pid,
+            PROXY_PORT,
+            dns=self.dns is not None,
+            capture_ports=self.capture_ports or (),
         )
+        run = asyncio.run_coroutine_threadsafe
+        self._serving.append(run(self.proxy.serve_socket(socks.proxy), self.loop))
+        for capture in socks.captures:
+            self._serving.append(run(self.proxy.serve_capture(capture), self.loop))
+        if self.dns is not None and socks.dns_udp is not None:
+            try:
+                run(self.dns.serve(socks.dns_udp, socks.dns_tcp), self.loop).result(5.0)
+            except BaseException:
+                socks.close()
+                raise
 
     def close(self) -> None:
         """Stop accepting and close every connection; report a proxy that failed."""
@@ -141,6 +261,8 @@ class RunProxy:
                 )
 
         async def shutdown() -> None:
+            if self.dns is not None:
+                self.dns.close()
             self.proxy.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proxy.wait_closed(), 2.0)

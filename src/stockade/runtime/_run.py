@@ -31,7 +31,7 @@ from stockade._process import alive
 from stockade._record import field, record
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
-from stockade.policy import Decision, Policy, Reason
+from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
 from stockade.runtime import _host, _placeholders
 
@@ -330,9 +330,11 @@ def _execute(
                 extra=egress_plan.env if egress_plan else None,
             )
             for name in env_plan.withheld_credentials:
+                # The policy working, not something the command tried: in the log, but
+                # not a denial (the stderr summary speaks only of those).
                 audit.decision(
-                    "denied",
-                    Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail=name),
+                    "env_dropped",
+                    Decision(Verdict.REPORT, "secrets", Reason.CREDENTIAL_ENV, detail=name),
                     name=name,
                 )
             try:
@@ -345,6 +347,7 @@ def _execute(
             toolchains = paths.toolchain_paths(
                 caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
             )
+            trust = _trust_paths(env_plan.env, (*deny.dirs, *deny.files), audit)
             use_pty = _wants_pty(request)
             use_launcher = (
                 layers.files or layers.syscalls or layers.limits or use_pty or not layers.container
@@ -379,7 +382,7 @@ def _execute(
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace,
                     home=home,
-                    read=fs.read,
+                    read=(*fs.read, *trust),
                     write=fs.write,
                     toolchains=toolchains,
                     masked_files=(*deny.files, *sockets),
@@ -418,7 +421,13 @@ def _execute(
                 child_env["HOME"] = str(scratch.path / "home")
                 child_env["TMPDIR"] = str(scratch.path / "tmp")
                 plan = bubblewrap.ContainerPlan(
-                    workspace=workspace, home=home, toolchains=toolchains, isolate=False, cwd=cwd
+                    workspace=workspace,
+                    home=home,
+                    toolchains=toolchains,
+                    isolate=False,
+                    cwd=cwd,
+                    read=trust,
+                    files=tuple(egress_plan.files) if egress_plan else (),
                 )
             if _resolve_command(request.argv, child_env, cwd) is None:
                 audit.emit(
@@ -586,8 +595,11 @@ def _launcher(
             rlimits.append(("nproc", limits.pids))
         if limits.cpu_seconds:
             rlimits.append(("cpu", limits.cpu_seconds))
+    # What is bound in to be read (the resolver's files, trust stores) is read by Landlock's
+    # leave too; in the netns-only form plan.read holds the trust stores alone.
+    extra_read = [*map(str, plan.read), *(inside for _, inside in plan.files)]
     spec = launcher.LauncherSpec(
-        read_paths=(*read, *map(str, fs.read)),
+        read_paths=(*read, *map(str, fs.read), *extra_read),
         write_paths=tuple(write),
         landlock=layers.files,
         scope=layers.files and _host.landlock_abi() >= 6,
@@ -600,6 +612,32 @@ def _launcher(
         mounts=tuple(bubblewrap.launcher_mounts(plan)),
     )
     return launcher.prepare(spec)
+
+
+def _trust_paths(
+    env: Mapping[str, str], denied: Sequence[Path], audit: AuditLog
+) -> tuple[Path, ...]:
+    """The trust stores the child's variables name, to keep readable inside (read-only).
+
+    They hold public certificates; one under a ``filesystem.deny`` entry stays hidden
+    all the same (deny wins), and the log says so. Those under the system paths are
+    readable already.
+    """
+    out = []
+    for path in environment.trust_paths(env):
+        if any(path.is_relative_to(p) for p in SYSTEM_PATHS):
+            continue
+        if any(path == d or d in path.parents for d in denied):
+            audit.emit(
+                "policy_note",
+                layer="files",
+                verdict="report",
+                reason="path-denied",
+                detail=f"trust store {path} is under filesystem.deny; it stays hidden",
+            )
+            continue
+        out.append(path)
+    return tuple(out)
 
 
 def _wall_timeout(request: RunRequest) -> float | None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import ssl
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from stockade._exceptions import SandboxError
+from stockade.policy._tables import TRUST_DIR_NAMES, TRUST_ENV_NAMES
 
 #: how long a per-run CA is valid; a run longer than this needs a per-user CA
 RUN_CA_VALIDITY = datetime.timedelta(days=2)
@@ -45,20 +48,11 @@ LEAF_CACHE_SIZE = 256
 _CA_CERT = "ca-cert.pem"
 _CA_KEY = "ca-key.pem"
 
-#: variables that point common clients at a CA bundle
-TRUST_VARIABLES: tuple[str, ...] = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE",
-    # npm hands an npmrc's cafile to its agent as the only CA list, which would hide
-    # NODE_EXTRA_CA_CERTS; the environment setting wins over every npmrc.
-    "npm_config_cafile",
-)
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+#: variables that point common clients at a CA bundle (every trust-store variable that
+#: names a file; those naming a directory keep the caller's value)
+TRUST_VARIABLES: tuple[str, ...] = tuple(n for n in TRUST_ENV_NAMES if n not in TRUST_DIR_NAMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,15 +254,36 @@ def system_roots_path() -> Path | None:
     return None
 
 
-def write_trust_bundle(ca: CertificateAuthority, path: Path) -> Path:
-    """Write the system roots plus the CA certificate to ``path`` (mode 0644) and return it.
+def write_trust_bundle(
+    ca: CertificateAuthority, path: Path, caller_trust: Sequence[Path] = ()
+) -> Path:
+    """Write the system roots, the caller's own trust and the CA to ``path`` (mode 0644).
 
-    The runtime binds this file read-only into the sandbox and points
+    ``caller_trust`` are the bundles the caller's trust-store variables name (a company
+    CA, say): every client in the sandbox then trusts the same set, whichever variable it
+    reads. The runtime binds this file read-only into the sandbox and points
     :func:`trust_environment` at it. Clients keep trusting real servers (an opaque
     tunnel still works) and trust the proxy's leaves for inspected hosts.
     """
     roots = system_roots_path()
     data = roots.read_bytes() if roots is not None else b""
+    seen = {roots.resolve()} if roots is not None else set()
+    for extra in caller_trust:
+        real = extra.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            more = extra.read_bytes()
+        except OSError:
+            continue  # named but unreadable: the client would not have trusted it either
+        # Certificates only: a key kept in the same file by mistake never goes inside.
+        certs = _PEM_CERT.findall(more)
+        if not certs:
+            continue
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        data += f"# from {extra}\n".encode() + b"\n".join(certs) + b"\n"
     if data and not data.endswith(b"\n"):
         data += b"\n"
     data += b"# stockade interception CA\n" + ca.cert_pem

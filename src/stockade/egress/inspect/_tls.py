@@ -24,6 +24,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 from stockade.egress.inspect._ca import CertificateAuthority
@@ -90,9 +91,17 @@ class ServerContexts:
         return ctx
 
 
-def upstream_context(cafile: Path | None = None) -> ssl.SSLContext:
-    """A client context verifying the upstream against system roots or ``cafile``."""
+def upstream_context(cafile: Path | None = None, extra: Sequence[Path] = ()) -> ssl.SSLContext:
+    """A client context verifying the upstream against system roots or ``cafile``, and
+    the ``extra`` bundles too (the caller's own trust: a company CA that intercepts)."""
     ctx = ssl.create_default_context(cafile=str(cafile) if cafile is not None else None)
+    for bundle in extra:
+        try:
+            ctx.load_verify_locations(cafile=str(bundle))
+        except (OSError, ssl.SSLError):
+            # The caller's variable names something unusable; its clients would not
+            # have trusted it either. The system roots still apply.
+            continue
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(ALPN)
     # verify_mode CERT_REQUIRED and check_hostname come from create_default_context.

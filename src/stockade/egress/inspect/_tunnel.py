@@ -20,8 +20,9 @@ import logging
 import socket
 import ssl
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -83,6 +84,7 @@ class InspectLayer:
         ca: the interception CA (per user or per run).
         audit: an :class:`~stockade.audit.AuditLog` or a callback ``(decision, fields)``.
         upstream_ca: verify upstreams against this CA file instead of the system roots.
+        caller_trust: CA bundles the caller's trust-store variables name, trusted too.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class InspectLayer:
         audit: AuditLog | AuditCallback | None = None,
         *,
         upstream_ca: Any = None,
+        caller_trust: Sequence[Path] = (),
         handshake_timeout: float = 10.0,
         idle_timeout: float = 120.0,
         response_timeout: float = 300.0,
@@ -102,7 +105,7 @@ class InspectLayer:
         self.ca = ca
         self.audit = audit
         self.contexts = ServerContexts(ca)
-        self.pool = UpstreamPool(upstream_context(upstream_ca))
+        self.pool = UpstreamPool(upstream_context(upstream_ca, caller_trust))
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.response_timeout = response_timeout
@@ -118,11 +121,18 @@ class InspectLayer:
         *,
         secrets: SecretStore | None = None,
         environ: Mapping[str, str] | None = None,
+        caller_trust: Sequence[Path] = (),
     ) -> InspectLayer:
         """The layer for ``policy`` (``secrets``: the store whose placeholders the
         sandbox was given; resolved from ``environ`` when omitted)."""
         inspector = Inspector.from_policy(policy, environ, secrets=secrets)
-        return cls(inspector, ca, audit, upstream_ca=policy.network.upstream_ca)
+        return cls(
+            inspector,
+            ca,
+            audit,
+            upstream_ca=policy.network.upstream_ca,
+            caller_trust=caller_trust,
+        )
 
     def inspects(self, host: str, port: int) -> bool:
         """True when a TLS tunnel to ``host:port`` must be intercepted."""
