@@ -14,6 +14,7 @@ import pytest
 
 from stockade.audit import AuditLog
 from stockade.policy import Decision, Reason
+from tests.conftest import World
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def state(tmp_path: Path) -> Path:
         "denied", Decision.deny("egress", Reason.HOST_NOT_ALLOWED), host="api.evil.test", port=443
     )
     a.decision("connect", Decision.allow("egress"), host="registry.npmjs.org", port=443)
-    a.emit("run_end", returncode=1)
+    a.emit("run_end", returncode=1, end=True)
     a.close()
     b = AuditLog("bbbb33334444", runs / "20260101T000001-bbbb33334444.jsonl")
     b.emit("run_start", argv=["env"])
@@ -37,7 +38,7 @@ def state(tmp_path: Path) -> Path:
         Decision.deny("secrets", Reason.CREDENTIAL_ENV, detail="GH_TOKEN"),
         name="GH_TOKEN",
     )
-    b.emit("run_end", returncode=0)
+    b.emit("run_end", returncode=0, end=True)
     b.close()
     # A torn last line (a writer killed mid-line) is skipped, not a crash.
     with (runs / "20260101T000001-bbbb33334444.jsonl").open("a") as fh:
@@ -140,7 +141,7 @@ def test_follow_prints_new_events_and_stops_on_sigint(tmp_path: Path) -> None:
         try:
             time.sleep(1.0)
             audit.decision("denied", Decision.deny("egress", Reason.HOST_DENIED), host="late.test")
-            audit.emit("run_end", returncode=0)  # filtered out by --verdict deny
+            audit.emit("run_end", returncode=0, end=True)  # filtered out by --verdict deny
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert "late.test" in line
@@ -152,3 +153,103 @@ def test_follow_prints_new_events_and_stops_on_sigint(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
             audit.close()
+
+
+def _verify(*args: str, state: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"XDG_STATE_HOME": str(state)} if state else {})}
+    return subprocess.run(
+        [sys.executable, "-m", "stockade", "log", "--verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_verify_real_runs_then_each_tampering(kernel: None, world: World) -> None:
+    path = world.root / "run.jsonl"
+    argv = [*world.command, "run", "--audit", str(path), "--"]
+    # Two runs at once write one file (their lines interleave), then a third.
+    with subprocess.Popen(
+        [*argv, "sh", "-c", "sleep 1"], cwd=world.workspace, env=world.env
+    ) as slow:
+        time.sleep(0.3)
+        quick = world.stockade("run", "--audit", str(path), "--", "true")
+        assert quick.returncode == 0, quick.stderr
+        assert slow.wait(timeout=60) == 0
+    assert world.stockade("run", "--audit", str(path), "--", "false").returncode == 1
+    raw = path.read_bytes().splitlines(keepends=True)
+    events = [json.loads(line) for line in raw]
+    runs = list(dict.fromkeys(e["run_id"] for e in events))
+    assert len(runs) == 3
+    assert all(e["schema"] == 1 for e in events)
+    order = [e["run_id"] for e in events]
+    assert order.index(runs[1]) < max(i for i, r in enumerate(order) if r == runs[0])
+    ok = _verify(str(path))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout == f"{path}: ok: 3 runs, {len(events)} events, chains intact\n"
+
+    # The first run's lines: its run_start, the events between, its run_end.
+    mine = [i for i, e in enumerate(events) if e["run_id"] == runs[0]]
+    assert events[mine[-1]]["event"] == "run_end"
+    assert len(mine) >= 3
+    start, middle, end = mine[0], mine[1], mine[-1]
+    forged = json.loads(raw[middle])
+    forged["reason"] = "nothing-to-see"
+    edited = json.dumps(forged, separators=(",", ":")).encode() + b"\n"
+    swapped = list(raw)
+    swapped[mine[1]], swapped[mine[2]] = raw[mine[2]], raw[mine[1]]
+    cases = {
+        "edited": ([*raw[:middle], edited, *raw[middle + 1 :]], "changed after it was written"),
+        "removed": ([*raw[:middle], *raw[middle + 1 :]], "events removed"),
+        "reordered": (swapped, "events reordered"),
+        "no run_end": ([*raw[:end], *raw[end + 1 :]], "no end"),
+        "forged": ([*raw[: start + 1], edited, *raw[start + 1 :]], "comes after seq"),
+        "truncated": ([*raw[:-1], raw[-1][:50]], "an incomplete last line"),
+    }
+    for name, (lines, why) in cases.items():
+        tampered = world.root / f"{name.replace(' ', '-')}.jsonl"
+        tampered.write_bytes(b"".join(lines))
+        result = _verify(str(tampered))
+        assert result.returncode == 1, (name, result.stdout)
+        assert why in result.stdout, (name, result.stdout)
+        assert "Traceback" not in result.stdout + result.stderr
+        if name != "truncated":
+            first = result.stdout.splitlines()[0]
+            assert first.startswith(f"{tampered}: line "), first
+            assert f"run {runs[0]}:" in first, (name, first)
+
+
+def test_verify_every_default_log_and_garbage(state: Path, tmp_path: Path) -> None:
+    result = _verify(state=state)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1
+    # The first run's file is whole; the second ends with a torn line (see the fixture).
+    assert lines[0].endswith("aaaa11112222.jsonl: ok: 1 runs, 5 events, chains intact")
+    assert lines[1].endswith(
+        "bbbb33334444.jsonl: line 4: an incomplete last line (no newline):"
+        " the log was cut in the middle of an event"
+    )
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(b"\x00\xff{{{\n" + b'{"run_id": "x"}\n' * 20 + b"[[[")
+    result = _verify(str(garbage))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{garbage}: line 1: not UTF-8 text: not an audit event"
+    assert lines[1] == (
+        f"{garbage}: line 2: run x: no schema field: written before the log was chained, or edited"
+    )
+    assert lines[-1] == f"{garbage}: ... and 12 more problems"
+    missing = _verify(str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().endswith("nope.jsonl: No such file or directory")
+
+
+def test_verify_does_not_combine_with_event_filters(state: Path) -> None:
+    for option in ("--follow", "--denials", "--json"):
+        result = log(state, "--verify", option)
+        assert result.returncode == 2
+        assert result.stderr.strip() == (
+            f"stockade log: --verify checks whole files; {option} does not combine with it"
+        )

@@ -10,6 +10,7 @@ one file) never interleave.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -153,16 +154,19 @@ class AuditLog:
     def close(self) -> None:
         """Close the file; the in-memory events stay available.
 
-        A log closed before its run's end event (the run stopped on an error, a proxy
-        or MCP server shut down) gets a sealed ``log_end``, so that it verifies as whole.
+        A file closed before its run's end event (the run stopped on an error) gets a
+        sealed ``log_end``, so that it verifies as whole rather than as cut.
         """
-        if self._seq and not self._ended and self._pid == os.getpid():
-            self.emit(
-                "log_end",
-                verdict="report",
-                end=True,
-                detail="the log was closed before the run's end event",
-            )
+        if self._fd >= 0 and self._seq and not self._ended and self._pid == os.getpid():
+            # An unwritable log then verifies as cut, which is what it is; raising here
+            # would hide the error that stopped the run.
+            with contextlib.suppress(SandboxError):
+                self.emit(
+                    "log_end",
+                    verdict="report",
+                    end=True,
+                    detail="the log was closed before the run's end event",
+                )
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

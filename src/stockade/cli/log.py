@@ -3,6 +3,7 @@
 By default every file under ``$XDG_STATE_HOME/stockade/runs`` is read (one per run of
 ``stockade run``, one per ``stockade mcp`` server), oldest first; ``--file`` names
 others. Output is one line per event, or one JSON object per line with ``--json``.
+``--verify`` checks each log's hash chain instead (see :mod:`stockade.audit._chain`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-f",
         action="store_true",
         help="keep printing new events (of --file, or of every run) until interrupted",
+    )
+    parser.add_argument(
+        "--verify",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="check the hash chain of FILE (default: of --file, or of every log) and name "
+        "the first event that was edited, removed, reordered or cut; exit 1 if any run fails",
     )
 
 
@@ -207,8 +216,58 @@ def _follow(args: argparse.Namespace) -> None:
         time.sleep(POLL_SECONDS)
 
 
+#: at most this many problems are printed per file (a foreign file has one per line)
+MAX_PROBLEMS = 10
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Check each log's chain; one line per file, one per problem; 0 when all verify."""
+    for name in ("follow", "denials", "json", "run", "verdict", "layer", "host", "event"):
+        if getattr(args, name):
+            print(
+                f"stockade log: --verify checks whole files; --{name} does not combine with it",
+                file=sys.stderr,
+            )
+            return 2
+    from stockade.audit._verify import verify_file
+
+    files = [Path(args.verify)] if args.verify else []
+    files += _audit_files(args) if args.file or not files else []
+    if not files:
+        print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
+        return 1
+    failed = 0
+    for path in files:
+        try:
+            verdict = verify_file(path)
+        except OSError as exc:
+            print(f"stockade log: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            failed += 1
+            continue
+        problems = verdict.problems
+        if verdict.ok:
+            print(f"{path}: ok: {verdict.runs} runs, {verdict.events} events, chains intact")
+            continue
+        failed += 1
+        for problem in problems[:MAX_PROBLEMS]:
+            print(_printable(f"{path}: {problem}"))
+        if len(problems) > MAX_PROBLEMS:
+            print(f"{path}: ... and {len(problems) - MAX_PROBLEMS} more problems")
+    return 1 if failed else 0
+
+
+def _printable(text: str) -> str:
+    # A run id or an event name comes from the file: keep one problem on one line.
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def execute(args: argparse.Namespace) -> int:
-    """Print the matching events; 0 on success (also when none match), 1 when no log exists."""
+    """Print the matching events; 0 on success (also when none match), 1 when no log exists.
+
+    With ``--verify``: 0 when every run of every log verifies, 1 when one does not.
+    """
+    if args.verify is not None:
+        return _verify(args)
     if args.follow:
         if args.denials:
             print("stockade log: --follow and --denials do not combine", file=sys.stderr)
