@@ -29,6 +29,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+#: how many times this process is a child of ``os.fork`` (a log notes its value when made)
+_forks = 0
+
+
+def _forked_child() -> None:
+    global _forks
+    _forks += 1
+
+
+# Cheaper per event than comparing os.getpid() (a system call) on every emit.
+os.register_at_fork(after_in_child=_forked_child)
+
+
 class AuditLog:
     """Append-only JSONL audit log for one run.
 
@@ -56,7 +69,7 @@ class AuditLog:
         self._fork_of = ""
         # A forked child (the run server's workers) inherits this object: its events
         # cannot continue a chain the parent goes on writing, so they start their own.
-        self._pid = os.getpid()
+        self._forks = _forks
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,7 +108,7 @@ class AuditLog:
         }
         record.update(fields)
         record.pop("final", None)  # only a seal writes it, as the line's last field
-        if self._pid != os.getpid():
+        if self._forks != _forks:
             # Before taking the lock, which the parent may have held at the fork.
             self._forked()
             record["run_id"] = self.run_id
@@ -132,9 +145,9 @@ class AuditLog:
         # A lock the parent held at the fork stays held here; this process has no other
         # thread (fork copies only the caller), so a new lock is safe.
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._forks = _forks
         self._fork_of = self._prev or ""
-        self.run_id = f"{self.run_id}.{self._pid}"
+        self.run_id = f"{self.run_id}.{os.getpid()}"
         self._seq, self._prev, self._ended = 0, None, False
 
     def decision(self, event: str, decision: Decision, **fields: Any) -> Event:
@@ -157,7 +170,7 @@ class AuditLog:
         A file closed before its run's end event (the run stopped on an error) gets a
         sealed ``log_end``, so that it verifies as whole rather than as cut.
         """
-        if self._fd >= 0 and self._seq and not self._ended and self._pid == os.getpid():
+        if self._fd >= 0 and self._seq and not self._ended and self._forks == _forks:
             # An unwritable log then verifies as cut, which is what it is; raising here
             # would hide the error that stopped the run.
             with contextlib.suppress(SandboxError):
