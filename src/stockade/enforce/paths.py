@@ -18,8 +18,9 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from stockade._exceptions import SandboxError
 from stockade._record import record
-from stockade.policy._tables import DEFAULT_PROTECTED
+from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED
 
 #: Locations under HOME that hold credentials; never bound into the sandbox, even when a
 #: PATH entry points into them.
@@ -87,14 +88,20 @@ TOOLCHAIN_ROOTS: tuple[str, ...] = (
 
 
 #: Protected names that get a placeholder when missing, so they cannot be created inside.
-#: (A glob or a path under .git is only protected where it exists; .git itself is
-#: protected when the workspace is not a repository, so no repository can be created.)
+#: (Inside git directories, :func:`_git_protection` decides; .git itself is protected
+#: when the workspace is not a repository, so no repository can be created.)
 _DIR_PLACEHOLDERS = (".claude", ".cursor", ".vscode", ".idea", ".husky", ".devcontainer")
-_FILE_PLACEHOLDERS = (".mcp.json", ".envrc", ".gitmodules", "stockade.toml")
-#: Inside an existing .git directory. An empty commondir makes git fail, so its
-#: placeholder says "." (the git directory itself), which changes nothing.
-_GIT_PLACEHOLDERS = ("commondir", "config.worktree")
+_FILE_PLACEHOLDERS = (".mcp.json", ".envrc", ".gitmodules", "stockade.toml", "HEAD")
+#: An empty commondir makes git fail, so its placeholder says "." (the git directory
+#: itself), which changes nothing.
 _PLACEHOLDER_CONTENT = {"commondir": b".\n"}
+#: In the administrative directory of a linked worktree git reads ``config`` and
+#: ``hooks`` from the common directory (its ``commondir`` says where), and ``gitdir``
+#: names the worktree's own directory (``git worktree remove`` deletes it).
+_LINKED_PROTECTED = (("commondir", "f"), ("config.worktree", "f"), ("gitdir", "f"))
+#: How deep submodules (``modules/<name>``, names may hold slashes, nested submodules
+#: under ``modules/<name>/modules``) are searched for git directories.
+_MODULES_DEPTH = 8
 
 #: Expanding a deny glob stops after this long; the run is refused rather than partly
 #: protected when it does.
@@ -280,7 +287,169 @@ def _expand(root: Path, pattern: str) -> list[Path]:
     return [Path(hit) for hit in sorted(glob.glob(str(root / pattern), include_hidden=True))]
 
 
-def protect_paths(workspace: Path, extra: Iterable[str] = (), *, defer: bool = False) -> Protection:
+def _root_of(path: Path, roots: Iterable[Path]) -> Path | None:
+    """The innermost of ``roots`` that holds ``path`` (where the sandbox can write it)."""
+    best: Path | None = None
+    for root in roots:
+        if _is_within(path, root) and (best is None or len(root.parts) > len(best.parts)):
+            best = root
+    return best
+
+
+def _gitfile_target(dotgit: Path) -> Path | None:
+    """The directory a ``.git`` file (``gitdir: <path>``, relative to the file's
+    directory) or a ``.git`` symlink names, resolved; None when it names none."""
+    if dotgit.is_symlink():
+        return dotgit.resolve()
+    try:
+        with open(dotgit, "rb") as fh:
+            text = fh.read(4096).decode(errors="replace")
+    except OSError:
+        return None
+    first = text.split("\\n", 1)[0].strip()
+    if not first.startswith("gitdir:"):
+        return None  # git refuses such a file ("invalid gitfile format"): nothing to follow
+    target = Path(first[len("gitdir:") :].strip())
+    return (dotgit.parent / target).resolve()
+
+
+def _commondir(gitdir: Path) -> Path | None:
+    """The common directory ``gitdir/commondir`` names (relative to ``gitdir``), or None."""
+    try:
+        text = (gitdir / "commondir").read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return (gitdir / text).resolve() if text else None
+
+
+def _core_worktree(gitdir: Path) -> Path | None:
+    """``core.worktree`` of ``gitdir/config`` (git sets it in a submodule's git directory,
+    relative to it), resolved; None without one. A plain reading of the protected file:
+    git itself is not run on a repository the sandbox may have written."""
+    section = ""
+    try:
+        with open(gitdir / "config", "rb") as fh:
+            lines = fh.read(1 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        text = line.strip()
+        if text.startswith("["):
+            section = text[1:].split("]", 1)[0].strip().lower()
+        elif section == "core" and "=" in text:
+            key, value = (part.strip() for part in text.split("=", 1))
+            if key.lower() == "worktree" and value:
+                return (gitdir / value.strip('"')).resolve()
+    return None
+
+
+def _refuse_missing(path: Path, what: str, roots: Iterable[Path]) -> None:
+    """Refuse the run when git would follow a redirect to ``path``, which does not exist
+    but lies where the sandbox can create it (a git directory it built, config and all)."""
+    if os.path.lexists(path) or _root_of(path, roots) is None:
+        return
+    raise SandboxError(
+        f"{what} points to {path}, which does not exist but could be created inside the "
+        "sandbox (git on the host would then use a repository the sandbox built); fix the "
+        "pointer or create that repository before the run"
+    )
+
+
+@record
+class _GitPlan:
+    """What :func:`_git_protection` found: paths to bind read-only, placeholders to make."""
+
+    existing: list[Path]
+    dirs: list[Path]
+    files: list[Path]
+
+
+def _protect_gitdir(gitdir: Path, plan: _GitPlan, roots: tuple[Path, ...], depth: int = 0) -> None:
+    """Add ``gitdir``'s redirect entries (and its submodules') to ``plan``, those that
+    lie where the sandbox could write them."""
+    if _root_of(gitdir, roots) is None:
+        return  # read-only or invisible inside: nothing to protect
+    linked = gitdir.parent.name == "worktrees" and os.path.lexists(gitdir / "commondir")
+    for name, kind in _LINKED_PROTECTED if linked else GIT_DIR_PROTECTED:
+        path = gitdir / name
+        if os.path.lexists(path):
+            plan.existing.append(path)
+            if path.is_symlink():
+                # The bind follows the link; protect what git would follow, too.
+                real = path.resolve()
+                if _root_of(real, roots) is not None:
+                    plan.existing.append(real)
+        elif name != "gitdir" and os.path.isdir(path.parent):
+            (plan.dirs if kind == "d" else plan.files).append(path)
+    if linked:
+        return
+    checkout = _core_worktree(gitdir)
+    if checkout is not None and os.path.lexists(checkout / ".git"):
+        # A submodule's checkout finds its git directory through this .git file, and
+        # git on the host follows it from the superproject (``git status`` runs git in
+        # every submodule): pointed elsewhere, it would pick a repository of the sandbox.
+        plan.existing.append(checkout / ".git")
+    # Submodules: modules/<name> is a git directory; a name may hold slashes
+    # (modules/libs/x), and a submodule has submodules of its own (modules/a/modules/b).
+    stack = [(gitdir / "modules", depth)]
+    while stack:
+        directory, level = stack.pop()
+        if level >= _MODULES_DEPTH:
+            continue
+        try:
+            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for entry in entries:
+            sub = Path(entry.path)
+            if os.path.lexists(sub / "HEAD") or os.path.lexists(sub / "config"):
+                _protect_gitdir(sub, plan, roots, level + 1)
+            else:
+                stack.append((sub, level + 1))
+
+
+def _git_protection(top: Path, roots: tuple[Path, ...]) -> _GitPlan:
+    """The redirect entries of the repository at ``top`` (a workspace or a writable
+    root): its ``.git`` directory, or what a ``.git`` file points to and that directory's
+    common directory (a linked worktree or a submodule checkout opened as ``top``).
+
+    Raises:
+        SandboxError: a ``.git`` file or a ``commondir`` points to a directory that does
+            not exist yet but could be created inside the sandbox.
+    """
+    plan = _GitPlan([], [], [])
+    dotgit = top / ".git"
+    if dotgit.is_symlink() or dotgit.is_file():
+        gitdir = _gitfile_target(dotgit)
+        if gitdir is None:
+            return plan
+        _refuse_missing(gitdir, f"{dotgit}", roots)
+        gitdir_common = _commondir(gitdir)
+        if gitdir_common is not None:
+            _refuse_missing(gitdir_common, f"{gitdir / 'commondir'}", roots)
+            _protect_gitdir(gitdir_common, plan, roots)
+        if gitdir.is_dir():
+            _protect_gitdir(gitdir, plan, roots)
+    elif dotgit.is_dir():
+        _protect_gitdir(dotgit, plan, roots)
+    return plan
+
+
+def _outermost(paths: Iterable[Path], dirs: Iterable[Path]) -> list[Path]:
+    """``paths`` without those inside one of the protected directories ``dirs`` (a
+    read-only bind of the directory already holds them; a bind or a pin of their own
+    would only add mounts)."""
+    outer = list(dirs)
+    return [p for p in paths if not any(p != d and _is_within(p, d) for d in outer)]
+
+
+def protect_paths(
+    workspace: Path,
+    extra: Iterable[str] = (),
+    *,
+    defer: bool = False,
+    writable: Iterable[Path] = (),
+) -> Protection:
     """List and prepare the protected paths of ``workspace``.
 
     Missing agent/IDE files and directories get an empty placeholder on the host for the
@@ -290,11 +459,22 @@ def protect_paths(workspace: Path, extra: Iterable[str] = (), *, defer: bool = F
     create the path then. With ``defer``, none is made yet: they are listed (as
     protected, and as pending) for :func:`make_placeholders`, for a caller that makes them
     while the sandbox starts, and that fails closed if it cannot.
+
+    Git's redirect entries (:data:`~stockade.policy._tables.GIT_DIR_PROTECTED`) are
+    protected in every git directory the sandbox could write: the workspace's, its
+    submodules', and those of a ``.git`` file's target and its common directory, and of
+    a repository at the top of a ``writable`` directory (``filesystem.write``), when
+    they lie in the workspace or in one of ``writable``.
+
+    Raises:
+        SandboxError: a ``.git`` file or a ``commondir`` points to a directory that does
+            not exist yet but could be created inside the sandbox.
     """
     existing: list[Path] = []
     created: list[Path] = []
     pinned: list[Path] = []
     git = workspace / ".git"
+    roots = (workspace, *(Path(w) for w in writable if os.path.isdir(w)))
     patterns = list(DEFAULT_PROTECTED) + list(extra)
     if git.is_file() or git.is_symlink():
         # A .git file redirects git to another directory (worktrees, submodules).
@@ -307,31 +487,44 @@ def protect_paths(workspace: Path, extra: Iterable[str] = (), *, defer: bool = F
                 if _is_within(real, workspace):
                     existing.append(real)
             existing.append(path)
-    missing_dirs = [n for n in _DIR_PLACEHOLDERS if not os.path.lexists(workspace / n)]
-    missing_files = [n for n in _FILE_PLACEHOLDERS if not os.path.lexists(workspace / n)]
+    missing_dirs = [workspace / n for n in _DIR_PLACEHOLDERS if not os.path.lexists(workspace / n)]
+    missing_files = [
+        workspace / n for n in _FILE_PLACEHOLDERS if not os.path.lexists(workspace / n)
+    ]
     if not os.path.lexists(git):
-        missing_dirs.append(".git")
-    elif git.is_dir() and not git.is_symlink():
-        # Files git reads from .git that a repository usually lacks: created, they would
-        # redirect git (commondir points the common dir, and so config and hooks,
-        # elsewhere) or add configuration. Placeholders keep them from being created.
-        for name in _GIT_PLACEHOLDERS:
-            if not os.path.lexists(git / name):
-                missing_files.append(f".git/{name}")
-    dirs = [workspace / name for name in missing_dirs]
-    files = [workspace / name for name in missing_files]
+        missing_dirs.append(git)
+    for top in roots:
+        found = _git_protection(top, roots)
+        existing += found.existing
+        missing_dirs += found.dirs
+        missing_files += found.files
+        if top != workspace and os.path.lexists(top / ".git"):
+            # A repository at the top of a writable directory falls back to the
+            # directory itself as a bare one just as the workspace does (_tables).
+            if os.path.lexists(top / "HEAD"):
+                existing.append(top / "HEAD")
+            else:
+                missing_files.append(top / "HEAD")
+    protected_dirs = [p for p in existing if p.is_dir()] + missing_dirs
+    dirs = list(dict.fromkeys(_outermost(missing_dirs, protected_dirs)))
+    files = list(dict.fromkeys(_outermost(missing_files, protected_dirs)))
     if defer:
         existing += [*dirs, *files]
     else:
         made, failed = make_placeholders(dirs, files, strict=False)
         created += made
         existing += [p for p in (*dirs, *files) if p not in failed]
+    existing = [
+        p
+        for p in dict.fromkeys(_outermost(existing, protected_dirs))
+        if _root_of(p, roots) is not None
+    ]
     for path in existing:
+        root = _root_of(path, roots)
         parent = path.parent
-        while parent != workspace and _is_within(parent, workspace):
+        while root is not None and parent != root and _is_within(parent, root):
             pinned.append(parent)
             parent = parent.parent
-    existing = [p for p in dict.fromkeys(existing) if _is_within(p, workspace)]
     return Protection(
         existing=tuple(existing),
         pinned=tuple(sorted(set(pinned), key=lambda p: len(p.parts))),

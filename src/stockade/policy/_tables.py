@@ -37,18 +37,53 @@ SYSTEM_SECRETS: tuple[str, ...] = (
     "/etc/ssl/private",
 )
 
+#: Entries of a git directory through which git, run on the host in this repository or
+#: in any of its worktrees or submodules, picks another directory, a configuration or a
+#: hook (gitrepository-layout(5), git-worktree(1)). Every git directory stockade finds
+#: writable inside the sandbox (the workspace's ``.git``, each submodule's under
+#: ``modules/``, the directory a ``.git`` file points to and its common directory) keeps
+#: them read-only, with a placeholder ("d" a directory, "f" a file) where one is missing,
+#: so that none can be created either (``enforce/paths.py``):
+#:
+#: * ``config``, ``config.worktree``: ``core.hooksPath``, ``core.fsmonitor``, filters,
+#:   ``diff.external``, ``core.worktree``, ``include.path`` (attacks WRT-03);
+#: * ``commondir``: moves the common directory, and with it config, hooks and objects;
+#: * ``hooks/``: scripts git runs (WRT-02);
+#: * ``worktrees/``: one administrative directory per linked worktree, whose ``commondir``,
+#:   ``gitdir`` and ``config.worktree`` steer git in that worktree. The whole directory is
+#:   protected, not only the files of the worktrees that exist at the start: a worktree the
+#:   host adds during the run, or a directory the sandbox makes there, would otherwise be
+#:   writable (so ``git worktree add`` fails inside; ``list`` works);
+#: * ``objects/info/alternates``: object stores git reads besides its own.
+#:
+#: Left writable, because git reads them as data, not as a place to look for code, and
+#: commits, branches and fetches write them: ``HEAD`` (a symref into ``refs/``; see
+#: :data:`DEFAULT_PROTECTED` for the one way it matters), ``refs/``, ``packed-refs``,
+#: ``logs/``, ``index``, ``objects/`` (content addressed), ``shallow``, ``info/``
+#: (``exclude`` and ``attributes`` have the power of a worktree's ``.gitignore`` and
+#: ``.gitattributes``: attributes pick only drivers the protected config defines),
+#: ``remotes/`` and ``branches/`` (URLs of remotes the config does not name), ``modules/``
+#: itself (fetching a submodule writes there; each submodule's git directory is protected
+#: as above), ``rebase-merge/`` and ``sequencer/`` (state of an operation in progress).
+GIT_DIR_PROTECTED: tuple[tuple[str, str], ...] = (
+    ("config", "f"),
+    ("config.worktree", "f"),
+    ("commondir", "f"),
+    ("hooks", "d"),
+    ("worktrees", "d"),
+    ("objects/info/alternates", "f"),
+)
+
 #: Paths inside the workspace that run code later on the host, so they stay read-only
 #: even though the workspace is writable (DESIGN §4 rule 9; attacks WRT-02/03/05/06).
+#: ``HEAD`` at the top: git that finds no valid repository in ``.git`` (the sandbox can
+#: break ``.git/HEAD``) takes the directory itself for a bare repository when it holds
+#: ``HEAD``, ``objects/`` and ``refs/``, and then obeys a ``config`` there; an empty,
+#: read-only ``HEAD`` keeps that from happening.
 DEFAULT_PROTECTED: tuple[str, ...] = (
-    ".git/hooks",
-    ".git/config",
-    ".git/config.worktree",
-    ".git/commondir",
-    ".git/modules/*/hooks",
-    ".git/modules/*/config",
-    ".git/worktrees/*/gitdir",
-    ".git/worktrees/*/commondir",
-    ".git/worktrees/*/config.worktree",
+    *(f".git/{name}" for name, _ in GIT_DIR_PROTECTED),
+    *(f".git/modules/*/{name}" for name, _ in GIT_DIR_PROTECTED),
+    "HEAD",
     ".gitmodules",
     ".claude",
     ".mcp.json",
@@ -74,6 +109,33 @@ BASE_ENV_NAMES: tuple[str, ...] = (
     "COLORTERM",
 )
 
+#: Environment variables that name trust stores (CA bundles and directories): public
+#: certificates, not secrets. Passed from the caller by default, never reported as
+#: credentials; the runtime keeps the files they name readable inside the sandbox, and
+#: with inspection on points every one of them at one bundle of the caller's trust plus
+#: the run's CA.
+TRUST_ENV_NAMES: tuple[str, ...] = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "CARGO_HTTP_CAINFO",
+    "AWS_CA_BUNDLE",
+    "DENO_CERT",
+    "HTTPLIB2_CA_CERTS",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "NIX_SSL_CERT_FILE",
+    "BUNDLE_SSL_CA_CERT",
+    "npm_config_cafile",
+    "NPM_CONFIG_CAFILE",
+)
+
+#: Of :data:`TRUST_ENV_NAMES`, those that name a directory of certificates, not a file.
+TRUST_DIR_NAMES: frozenset[str] = frozenset({"SSL_CERT_DIR", "GIT_SSL_CAPATH"})
 
 #: Hosts that make an allow-list entry an open channel: DNS-over-HTTPS resolvers (names
 #: resolved, and data sent, around the proxy's DNS), tunnels to anywhere, paste and
@@ -109,31 +171,4 @@ def risky_host(entry: str) -> str | None:
     for name, what in RISKY_HOSTS.items():
         if host == name or host.endswith("." + name) or name.endswith("." + host):
             return what
-#: Environment variables that name trust stores (CA bundles and directories): public
-#: certificates, not secrets. Passed from the caller by default, never reported as
-#: credentials; the runtime keeps the files they name readable inside the sandbox, and
-#: with inspection on points every one of them at one bundle of the caller's trust plus
-#: the run's CA.
-TRUST_ENV_NAMES: tuple[str, ...] = (
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-    "GIT_SSL_CAPATH",
-    "CARGO_HTTP_CAINFO",
-    "AWS_CA_BUNDLE",
-    "DENO_CERT",
-    "HTTPLIB2_CA_CERTS",
-    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
-    "NIX_SSL_CERT_FILE",
-    "BUNDLE_SSL_CA_CERT",
-    "npm_config_cafile",
-    "NPM_CONFIG_CAFILE",
-)
-
-#: Of :data:`TRUST_ENV_NAMES`, those that name a directory of certificates, not a file.
-TRUST_DIR_NAMES: frozenset[str] = frozenset({"SSL_CERT_DIR", "GIT_SSL_CAPATH"})
     return None

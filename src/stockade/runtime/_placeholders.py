@@ -79,14 +79,24 @@ class Claim:
         self.entry = self.registry / f"{os.getpid()}-{run_id}.run"
 
     def protect(
-        self, workspace: Path, extra: Iterable[str], *, defer: bool = False
+        self,
+        workspace: Path,
+        extra: Iterable[str],
+        *,
+        defer: bool = False,
+        writable: Iterable[Path] = (),
     ) -> paths.Protection:
         """Register this run, tidy after dead ones, and make the placeholders it needs
-        (with ``defer``, only list them: :meth:`make` makes them)."""
+        (with ``defer``, only list them: :meth:`make` makes them). ``writable``: the
+        other read-write directories, whose git directories are protected too."""
         with _locked(self.registry):
             _tidy(self.registry)
             self.entry.touch()
-            protection = paths.protect_paths(workspace, extra, defer=defer)
+            try:
+                protection = paths.protect_paths(workspace, extra, defer=defer, writable=writable)
+            except BaseException:
+                self.entry.unlink(missing_ok=True)  # refused: this run uses nothing
+                raise
             self._record(protection.created)
             return protection
 

@@ -359,7 +359,7 @@ def _execute(
                 # sandbox is let go: with a handshake, they are made while bubblewrap
                 # starts (_Start.release).
                 defer = launcher_binds and handshake and os.access(workspace, os.W_OK)
-                protection = claim.protect(workspace, fs.protect, defer=defer)
+                protection = claim.protect(workspace, fs.protect, defer=defer, writable=fs.write)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
