@@ -31,11 +31,15 @@ from stockade.egress.inspect._inspector import RequestRecord as RequestRecord
 from stockade.egress.inspect._rules import HostMatch as HostMatch
 from stockade.egress.inspect._rules import RuleSet as RuleSet
 from stockade.egress.inspect._secrets import Pattern as Pattern
+from stockade.egress.inspect._secrets import PatternSet as PatternSet
 from stockade.egress.inspect._secrets import SecretStore as SecretStore
 from stockade.egress.inspect._secrets import StreamReplacer as StreamReplacer
 from stockade.egress.inspect._secrets import StreamScanner as StreamScanner
+from stockade.egress.inspect._secrets import base64_cores as base64_cores
+from stockade.egress.inspect._secrets import encodings as encodings
 from stockade.egress.inspect._secrets import label_patterns as label_patterns
 from stockade.egress.inspect._secrets import value_tokens as value_tokens
+from stockade.egress.inspect._secrets import with_encodings as with_encodings
 from stockade.egress.inspect._tls import ServerContexts as ServerContexts
 from stockade.egress.inspect._tls import TLSStream as TLSStream
 from stockade.egress.inspect._tls import UpstreamPool as UpstreamPool
@@ -54,6 +58,7 @@ __all__ = [
     "Inspector",
     "Leaf",
     "Pattern",
+    "PatternSet",
     "Refusal",
     "RequestPlan",
     "RequestRecord",
@@ -66,6 +71,8 @@ __all__ = [
     "Target",
     "TunnelStats",
     "UpstreamPool",
+    "base64_cores",
+    "encodings",
     "label_patterns",
     "normalise_target",
     "system_roots_path",
@@ -73,5 +80,6 @@ __all__ = [
     "upstream_context",
     "user_ca_dir",
     "value_tokens",
+    "with_encodings",
     "write_trust_bundle",
 ]

@@ -29,12 +29,12 @@ from stockade.egress.inspect._http import (
 from stockade.egress.inspect._rules import RuleSet
 from stockade.egress.inspect._secrets import (
     Pattern,
+    PatternSet,
     SecretStore,
     bind_credentials,
     dedupe,
-    find_first,
     label_patterns,
-    scan_target,
+    with_encodings,
 )
 from stockade.policy import Decision, Policy, Reason
 
@@ -81,14 +81,26 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class HostScans:
+    """What requests to one host are scanned for, grouped as the checks use them."""
+
+    #: secrets not bound to the host (searched first: their reason is the stronger one)
+    secrets: PatternSet
+    #: labelled values
+    labels: PatternSet
+    #: both, for the body
+    body: PatternSet
+
+
+@dataclass(frozen=True, slots=True)
 class RequestPlan:
     """How to forward a request that passed the checks on its head."""
 
     decision: Decision
     target: Target
     headers: list[tuple[bytes, bytes]]
-    #: patterns the body is scanned for (labels, foreign secrets)
-    scan: tuple[Pattern, ...]
+    #: patterns the body is scanned for (labels, foreign secrets, their encodings)
+    scan: PatternSet
     #: real value -> placeholder, applied to the response
     redact: Mapping[bytes, bytes]
     #: "gzip" or "deflate" when the body must be decoded to be scanned
@@ -114,12 +126,17 @@ class Inspector:
         labels: Sequence[Pattern] = (),
         *,
         labels_configured: bool | None = None,
+        encodings: bool = True,
     ) -> None:
+        """``encodings`` False searches exact bytes only (the URL also percent-decoded),
+        as stockade did before encodings were searched: only for measuring their cost."""
         self.rules = rules or RuleSet(())
         self.secrets = secrets or SecretStore()
         self.labels = tuple(labels)
         self.labels_configured = bool(labels) if labels_configured is None else labels_configured
+        self.encodings = encodings
         self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
+        self._scans: dict[tuple[str, int], HostScans] = {}
 
     @classmethod
     def from_policy(
@@ -128,11 +145,12 @@ class Inspector:
         environ: Mapping[str, str] | None = None,
         *,
         secrets: SecretStore | None = None,
+        encodings: bool = True,
     ) -> Inspector:
         """Build from a policy, reading secret values and labelled data (host side).
 
         Pass ``secrets`` when the store was resolved earlier (its placeholders are
-        already in the sandbox's environment).
+        already in the sandbox's environment); ``encodings`` as for :class:`Inspector`.
         """
         store = secrets if secrets is not None else SecretStore.resolve(policy.secrets, environ)
         labels = label_patterns(policy.labels, Path(policy.filesystem.workspace), environ)
@@ -141,6 +159,7 @@ class Inspector:
             store,
             labels,
             labels_configured=policy.labels.configured,
+            encodings=encodings,
         )
 
     def inspects(self, host: str, port: int) -> bool:
@@ -162,6 +181,25 @@ class Inspector:
         if cached is None:
             cached = tuple(dedupe([*self.secrets.foreign_patterns(host, port), *self.labels]))
             self._patterns[key] = cached
+        return cached
+
+    def scans(self, host: str, port: int) -> HostScans:
+        """The pattern sets requests to ``host:port`` are searched with (built once).
+
+        Secrets get the encodings too: a real value echoed encoded by its own host (the
+        response redaction replaces exact bytes only) must not leave for another host.
+        """
+        key = (host, port)
+        cached = self._scans.get(key)
+        if cached is None:
+            given = self.patterns(host, port)
+            every = with_encodings(given) if self.encodings else list(given)
+            cached = HostScans(
+                PatternSet([p for p in every if p.kind == "secret"], percent=self.encodings),
+                PatternSet([p for p in every if p.kind == "label"], percent=self.encodings),
+                PatternSet(every, percent=self.encodings),
+            )
+            self._scans[key] = cached
         return cached
 
     def head(
@@ -212,14 +250,28 @@ class Inspector:
         if not decision.allowed:
             raise Refusal(403, decision.reason, decision.detail)
         # 4. secrets: none headed to the wrong host; only bound placeholders on bound hosts
-        scan = self.patterns(host, port)
-        secret_scan = [p for p in scan if p.kind == "secret"]
-        label_scan = [p for p in scan if p.kind == "label"]
-        for patterns in (secret_scan, label_scan):
-            found = scan_target(target, patterns) or _scan_headers(headers, patterns)
+        scans = self.scans(host, port)
+        blob = b"\n".join(n + b": " + v for n, v in headers) if scans.body else b""
+        for patterns in (scans.secrets, scans.labels):
+            if not patterns:
+                continue
+            # The target is always searched percent-decoded too: servers decode it. When
+            # the headers are as well, one search over both costs half as much.
+            if patterns.percent:
+                found = patterns.search(target + b"\n" + blob)
+            else:
+                found = patterns.search(target, percent=True) or patterns.search(blob)
             if found is not None:
                 record.label = found.label
-                raise Refusal(403, found.reason, f"{found.label} in the request head")
+                path = norm.path.encode()
+                in_target = patterns.search(target, percent=True)
+                if in_target and (
+                    patterns.search(path) or not patterns.search(norm.query.encode())
+                ):
+                    # The event's path would carry the value (the normalised path holds it
+                    # decoded): the event names the label, never the value.
+                    record.path = f"[withheld: {found.reason}]"
+                raise Refusal(403, found.reason, f"{found.where} in the request head")
         bound = self.secrets.bound(host, port)
         out = list(headers)
         redact: dict[bytes, bytes] = {}
@@ -229,7 +281,7 @@ class Inspector:
             redact = self.secrets.redactions(host, port)
         # 5. body framing and encoding (labels in the body are scanned while streaming)
         chunked = bool(header_values(headers, b"transfer-encoding"))
-        encoding = _content_encoding(headers, needed=bool(scan))
+        encoding = _content_encoding(headers, needed=bool(scans.body))
         forwarded = end_to_end(out, drop=(b"host",))
         forwarded.insert(0, (b"host", header_values(headers, b"host")[0]))
         if chunked:
@@ -238,14 +290,7 @@ class Inspector:
             # An echoed credential must be readable to be redacted: ask for no compression.
             forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
             forwarded.append((b"accept-encoding", b"identity"))
-        return RequestPlan(decision, norm, forwarded, scan, redact, encoding, chunked)
-
-
-def _scan_headers(headers: Headers, patterns: Sequence[Pattern]) -> Pattern | None:
-    if not patterns:
-        return None
-    blob = b"\n".join(n + b": " + v for n, v in headers)
-    return find_first(blob, patterns)
+        return RequestPlan(decision, norm, forwarded, scans.body, redact, encoding, chunked)
 
 
 def _content_encoding(headers: Headers, *, needed: bool) -> str | None:

@@ -515,7 +515,7 @@ def _scan(scanner: StreamScanner, data: bytes, record: RequestRecord) -> bytes:
     except Found as found:
         record.label = found.pattern.label
         raise Refusal(
-            403, found.pattern.reason, f"{found.pattern.label} in the request body"
+            403, found.pattern.reason, f"{found.pattern.where} in the request body"
         ) from None
 
 
