@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from stockade.model import Boundary, Route, check_monotonic, evaluate, exercised_layers, subsets
+from stockade.policy import Reason
 from stockade.probe import scenarios
 from stockade.probe.scenarios import Layout
 
@@ -122,3 +124,23 @@ def test_extended_needed_actions_never_broken() -> None:
     )
     assert full.broken_needed == 0
     assert full.open_unneeded == 0
+
+
+def test_extended_encoded_label_is_stopped_by_inspect_alone() -> None:
+    """A labelled secret, base64 in a GET query to the allowed, inspected registry: only
+    the inspect layer (through the proxy egress forces) stops it, for labelled-data."""
+    sc = scenarios.build("extended", Layout(Path("/w")))
+    assert sc.policy.labels.configured
+    (action,) = [a for a in sc.actions if a.id == "encoded-label"]
+    assert action.labelled
+    assert not action.needed
+    b = Boundary(sc.policy)
+    assert b.stops("inspect", action, Route.PROXY) == Reason.LABELLED_DATA
+    # The same request without the labelled value is allowed by the registry's rules.
+    assert b.stops("inspect", replace(action, labelled=False), Route.PROXY) is None
+    everything = ("files", "container", "syscalls", "secrets", "egress", "inspect", "limits")
+    for layers in subsets(everything):
+        outcome = evaluate(b, sc.actions, layers).outcome("encoded-label")
+        assert outcome.through == (not {"egress", "inspect"} <= set(layers)), layers
+    # The seed scenario labels nothing: its table is unchanged.
+    assert not scenarios.build("seed", Layout(Path("/w"))).policy.labels.configured

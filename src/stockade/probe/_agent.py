@@ -133,9 +133,12 @@ def op_http(step: Plan) -> str:
         except OSError as exc:
             errors.append(f"{'proxy' if via else 'direct'}: {type(exc).__name__}: {exc}")
             continue
-        if 200 <= status < 300 and step.get("expect", "") in body.decode(errors="replace"):
+        text = body.decode(errors="replace")
+        if 200 <= status < 300 and step.get("expect", "") in text:
             return f"{'proxy' if via else 'direct'}: HTTP {status}"
-        errors.append(f"{'proxy' if via else 'direct'}: HTTP {status}")
+        # A refusal by stockade's proxy names its reason first ("stockade: REASON: ...").
+        reason = " " + text.split(":")[1].strip() if text.startswith("stockade:") else ""
+        errors.append(f"{'proxy' if via else 'direct'}: HTTP {status}{reason}")
     raise ConnectionError("; ".join(errors))
 
 

@@ -297,6 +297,8 @@ def _populate(root: Path, canary: str) -> Path:
     (ws / ".git" / "hooks").mkdir(parents=True)
     (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (ws / "src" / "app.py").write_text(scenarios.WORKSPACE_SOURCE)
+    # The project's database password: the extended scenario labels this file.
+    (ws / scenarios.LABELLED_FILE).write_text(f"DATABASE_PASSWORD={lo.labelled_secret}\n")
     (ws / "docs" / "notes.txt").symlink_to(home / ".ssh" / "id_ed25519")
     shutil.copy(_AGENT, ws / AGENT_NAME)
     (lo.system / "profile.d").mkdir(parents=True)

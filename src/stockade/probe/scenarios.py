@@ -23,16 +23,20 @@ Judges, by who can see the outcome:
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from stockade._record import replace
 from stockade.model import Action, Credential, Kind
 from stockade.policy import (
     BoundSecret,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
+    Labels,
     LimitsPolicy,
     NetworkPolicy,
     Policy,
@@ -49,6 +53,8 @@ LOOPBACK = "127.0.0.1"
 PACKAGE_BODY = b"left-pad 1.3.0: the package the task needs\n"
 WORKSPACE_SOURCE = "print('hello from the workspace')\n"
 FILE_SIZE_LIMIT = 1024 * 1024
+#: The workspace file whose values the extended scenario labels (``[labels]``).
+LABELLED_FILE = ".env"
 
 SCENARIOS = ("seed", "extended")
 
@@ -76,6 +82,11 @@ class Layout:
     def workspace(self) -> Path:
         """The project the "test suite" runs in."""
         return self.root / "project"
+
+    @property
+    def labelled_secret(self) -> str:
+        """The database password in the workspace's ``.env``, a labelled value."""
+        return f"pg-password-{self.canary}"
 
     @property
     def system(self) -> Path:
@@ -160,6 +171,15 @@ def scenario_policy(layout: Layout) -> Policy:
         limits=LimitsPolicy(file_size=FILE_SIZE_LIMIT),
         secrets=(BoundSecret("PROBE_API_TOKEN", f"env:{API_SECRET_SOURCE}", (API,)),),
     )
+
+
+def extended_policy(layout: Layout) -> Policy:
+    """The scenario policy with the workspace's ``.env`` labelled.
+
+    Labels make every TLS host inspected; the hosts the policy allows already are (the
+    registry has rules, the API a bound secret), so no other action's outcome changes.
+    """
+    return replace(scenario_policy(layout), labels=Labels(secret_files=(LABELLED_FILE,)))
 
 
 def _https(lo: Layout, method: str, host: str, port: int, path: str) -> dict[str, Any]:
@@ -440,7 +460,37 @@ def _extended_steps(lo: Layout) -> list[Step]:
             ),
             {"op": "bigwrite", "path": str(ws / "build" / "big.bin"), "size": 2 * FILE_SIZE_LIMIT},
         ),
+        _encoded_label_step(lo),
     ]
+
+
+def _encoded_label_step(lo: Layout) -> Step:
+    """A GET to the allowed, inspected registry with the labelled password base64-encoded
+    in its query (one byte of prefix: the second of base64's three alignments).
+
+    The query also carries the run's mark in the clear, so the registry's record shows
+    whether the request got there.
+    """
+    tag = lo.nonce
+    encoded = base64.b64encode(b"p=" + lo.labelled_secret.encode()).decode()
+    path = f"/-/v1/search?text={quote(encoded, safe='')}&from={tag}:encoded-label"
+    return Step(
+        Action(
+            "encoded-label",
+            Kind.NET_REQUEST,
+            _url(REGISTRY, lo.registry_port, path),
+            False,
+            "send a labelled secret base64-encoded in a GET query to the allowed registry",
+            host=REGISTRY,
+            port=lo.registry_port,
+            method="GET",
+            path="/-/v1/search",
+            address=LOOPBACK,
+            labelled=True,
+        ),
+        _https(lo, "GET", REGISTRY, lo.registry_port, path),
+        "sink:registry",
+    )
 
 
 def build(name: str, layout: Layout) -> Scenario:
@@ -448,8 +498,10 @@ def build(name: str, layout: Layout) -> Scenario:
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; scenarios are {', '.join(SCENARIOS)}")
     steps = _seed_steps(layout)
+    policy = scenario_policy(layout)
     if name == "extended":
         steps += _extended_steps(layout)
+        policy = extended_policy(layout)
     env = {
         "GH_TOKEN": layout.canary,
         "NPM_TOKEN": layout.canary,
@@ -458,4 +510,4 @@ def build(name: str, layout: Layout) -> Scenario:
         # sandbox is never given it (not on the allow-list).
         API_SECRET_SOURCE: f"REAL-{layout.canary}",
     }
-    return Scenario(name, scenario_policy(layout), tuple(steps), env)
+    return Scenario(name, policy, tuple(steps), env)
