@@ -56,11 +56,11 @@ def test_the_seed_binds_the_policy_the_run_id_and_the_start() -> None:
 def test_a_callers_fields_cannot_forge_the_chain(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     audit = AuditLog("run1", path)
-    audit.emit("run_start", seq=7, prev="0" * 64, schema=99, final="f" * 64)
+    audit.emit("run_start", seq=7, prev="0" * 64, schema=99, final="f" * 64, run_id="other")
     audit.emit("run_end", returncode=0, end=True)
     audit.close()
     first = json.loads(lines(path)[0])
-    assert (first["seq"], first["schema"]) == (0, SCHEMA)
+    assert (first["run_id"], first["seq"], first["schema"]) == ("run1", 0, SCHEMA)
     assert first["prev"] == seed(first)
     assert "final" not in first
     assert verify_file(path).ok

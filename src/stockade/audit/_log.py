@@ -111,7 +111,7 @@ class AuditLog:
         if self._forks != _forks:
             # Before taking the lock, which the parent may have held at the fork.
             self._forked()
-            record["run_id"] = self.run_id
+        record["run_id"] = self.run_id  # the chain's key: no field may move it to another
         # Serialised under the lock: the order of the lines is the order of the chain.
         with self._lock:
             if self._prev is None and self._fork_of:
