@@ -195,6 +195,9 @@ def test_every_encoding_in_every_part_is_refused(tmp_path: Path, part: str) -> N
             for event in events:
                 assert event["reason"] == "labelled-data"
                 assert event["label"].endswith(".env")
+                # The normalised path would carry the value decoded: it is withheld.
+                expected = {"path": "[withheld: labelled-data]", "query": "/search"}
+                assert event["path"] == expected.get(part, event["path"])
             details = " ".join(str(e.get("detail", "")) for e in events)
             assert "(base64)" in details
             assert "(hex)" in details
