@@ -241,6 +241,15 @@ def connect(family, addr, send=b"PROBE", timeout=3):
         s.settimeout(timeout)
         s.connect(addr)
         s.sendall(send)
+        # Transparent capture accepts every connection inside the sandbox and closes
+        # the refused ones: an immediate end of stream is a refusal, not a way out
+        # (whether anything reached a sink is checked in the sinks' own logs).
+        s.settimeout(0.5)
+        try:
+            if s.recv(64) == b"":
+                return {"ok": False, "errno": "closed"}
+        except TimeoutError:
+            pass
         return {"ok": True}
     except OSError as e:
         return {"ok": False, "errno": errno.errorcode.get(e.errno, e.errno) if e.errno else type(e).__name__}

@@ -167,7 +167,7 @@ for h in json.loads(sys.argv[2]):
     url = f"http://{h}:{port}/"
     emit("fwd:" + h, **sh(f"curl -s -m4 -o /dev/null -w '%{{http_code}}' -g {url!r}"))
     emit("connect:" + h, **sh(f"curl -s -m4 -o /dev/null -w '%{{http_code}}' -g -p -x $HTTP_PROXY {url!r}"))
-    emit("socks:" + h, **sh(f"curl -s -m4 -o /dev/null -w '%{{http_code}}' -g -x $ALL_PROXY {url!r}"))
+    emit("socks:" + h, **sh(f"curl -s -m4 -o /dev/null -w '%{{http_code}}' -g -x socks5h://127.0.0.1:3128 {url!r}"))
     emit("direct:" + h, **sh(f"curl -s -m4 -o /dev/null -w '%{{http_code}}' -g --noproxy '*' {url!r}"))
 for fam, addr in ((socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port))):
     emit(f"py:{addr[0]}", **connect(fam, addr))
@@ -253,7 +253,7 @@ for h in json.loads(sys.argv[1]):
     url = f"http://{h}/latest/meta-data/iam/security-credentials/"
     emit("fwd:" + h, **sh(f"curl -s -m4 {hdr} -o /dev/null -w '%{{http_code}}' -g {url!r}"))
     emit("connect:" + h, **sh(f"curl -s -m4 {hdr} -o /dev/null -w '%{{http_code}}' -g -p -x $HTTP_PROXY {url!r}"))
-    emit("socks:" + h, **sh(f"curl -s -m4 {hdr} -o /dev/null -w '%{{http_code}}' -g -x $ALL_PROXY {url!r}"))
+    emit("socks:" + h, **sh(f"curl -s -m4 {hdr} -o /dev/null -w '%{{http_code}}' -g -x socks5h://127.0.0.1:3128 {url!r}"))
     emit("direct:" + h, **sh(f"curl -s -m4 {hdr} -o /dev/null -w '%{{http_code}}' -g --noproxy '*' {url!r}"))
 emit("k8s-token", **read("/var/run/secrets/kubernetes.io/serviceaccount/token"))
 emit("oidc", **sh("curl -s -m4 -o /dev/null -w '%{http_code}' \"$ACTIONS_ID_TOKEN_REQUEST_URL\""))

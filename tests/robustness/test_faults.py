@@ -249,7 +249,7 @@ def test_proxy_task_failure_is_reported(
     """The accept loop dies with an exception: no network, and ``proxy_failed`` in the audit."""
     from stockade.egress import EgressProxy
 
-    async def broken(self: EgressProxy, sock: socket.socket) -> None:
+    async def broken(self: EgressProxy, sock: socket.socket, handler: object) -> None:
         raise RuntimeError("simulated proxy crash")
 
     monkeypatch.setattr(EgressProxy, "_accept_loop", broken)

@@ -1136,11 +1136,26 @@ def _origin_target(
             host = normalize_host(host)
         except ValueError as exc:
             raise _http.BadRequest(f"Host: {exc}") from None
-        if host != name or host_port != port:
+        if not _same_host(host, name) or host_port != port:
             raise _http.BadRequest(
                 f"Host {_printable(host)}:{host_port} is not {name}:{port}, the address's name"
             )
     return _http.ForwardTarget(name, port, request.target)
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Two normalised hosts are one: equal names, or literals of one address (an
+    IPv4-mapped IPv6 spelling is its IPv4 address, as the capture listener sees it)."""
+    if a == b:
+        return True
+    x, y = ip_literal(a), ip_literal(b)
+    if x is None or y is None:
+        return False
+    if isinstance(x, ipaddress.IPv6Address) and x.ipv4_mapped is not None:
+        x = x.ipv4_mapped
+    if isinstance(y, ipaddress.IPv6Address) and y.ipv4_mapped is not None:
+        y = y.ipv4_mapped
+    return x == y
 
 
 def _wants_close(headers: Sequence[tuple[bytes, bytes]]) -> bool:

@@ -121,7 +121,13 @@ def build_server(policy: Policy, *, audit: Path | None = None) -> MCPServer:
             "stdout": stdout,
             "stderr": stderr,
             "truncated": cut_out or cut_err,
-            "denials": [explain_denial(e) for e in result.denials],
+            # A withheld credential is no denial of the command's, but the agent needs
+            # to hear of it: its hint says to ask the user, never to work around it.
+            "denials": [
+                explain_denial(e)
+                for e in result.events
+                if e.get("verdict") == "deny" or e.get("event") == "env_dropped"
+            ],
             "run_id": result.run_id,
         }
 

@@ -249,16 +249,23 @@ class RunProxy:
 
     def close(self) -> None:
         """Stop accepting and close every connection; report a proxy that failed."""
-        for future in self._serving:
-            if future.done() and future.exception() is not None:
-                exc = future.exception()
-                self.audit.emit(
-                    "proxy_failed",
-                    layer="egress",
-                    verdict="deny",
-                    reason="upstream-failed",
-                    detail=f"{type(exc).__name__}: {exc}; the sandbox had no network from then on",
-                )
+        failures = [
+            exc
+            for future in self._serving
+            if future.done() and (exc := future.exception()) is not None
+        ]
+        if failures:
+            # One event for the run: the proxy listener and the capture listeners
+            # share one loop and usually fail together.
+            exc = failures[0]
+            more = f" ({len(failures)} listeners failed)" if len(failures) > 1 else ""
+            self.audit.emit(
+                "proxy_failed",
+                layer="egress",
+                verdict="deny",
+                reason="upstream-failed",
+                detail=f"{type(exc).__name__}: {exc}; the sandbox had no network from then on{more}",
+            )
 
         async def shutdown() -> None:
             if self.dns is not None:
