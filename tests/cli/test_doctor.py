@@ -35,10 +35,12 @@ def test_doctor_reports_what_this_host_has() -> None:
         "seccomp",
         "mount API",
         "limits",
+        "transparent egress",
     }
     assert all(c["ok"] for c in checks.values())
     assert checks["landlock"]["detail"].startswith(f"ABI {_host.landlock_abi()}")
     assert ("launcher makes" in checks["mount API"]["detail"]) == _host.mount_api()
+    assert "resolver and capture" in checks["transparent egress"]["detail"]
     text = doctor()
     assert "[ok  ] bubblewrap" in text.stdout
 

@@ -51,6 +51,16 @@ def checks() -> list[dict[str, object]]:
             "layers": ["container", "egress"],
         }
     )
+    transparent = _host.transparent_check()
+    out.append(
+        {
+            "name": transparent.name,
+            "ok": transparent.ok,
+            "detail": transparent.detail,
+            "fix": transparent.fix,
+            "layers": ["egress"],
+        }
+    )
     abi = _host.landlock_abi()
     out.append(
         {
@@ -117,7 +127,7 @@ def execute(args: argparse.Namespace) -> int:
     else:
         for c in results:
             mark = "ok  " if c["ok"] else "FAIL"
-            print(f"[{mark}] {c['name']:<16} {c['detail']}")
+            print(f"[{mark}] {c['name']:<18} {c['detail']}")
             if c["fix"]:
                 print(f"       fix: {c['fix']}")
     return 0 if all(c["ok"] for c in results) else 1

@@ -167,3 +167,68 @@ def require_landlock() -> int:
             "or run with --disable files",
         )
     return abi
+
+
+def transparent_check() -> Check:
+    """Whether transparent egress can be set up here, tried for real.
+
+    A throw-away bubblewrap sandbox (user, pid and network namespaces, as a run makes
+    them) gets what a run's does: the AnyIP routes, stockade's resolver on port 53 and
+    capture listeners on 80 and 443, made by the same helper. Nothing is sent anywhere.
+    """
+    name = "transparent egress"
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return Check(name, False, "bwrap not installed", "sudo apt-get install bubblewrap")
+    if os.stat(bwrap).st_mode & 0o4000:
+        return Check(
+            name,
+            False,
+            f"{bwrap} is setuid: the sandbox's namespaces belong to root, not to you",
+            "install a bubblewrap that is not setuid (the distribution's package), or set "
+            "network.transparent = false (then only proxy-aware clients reach the network)",
+        )
+    from stockade.egress._netns import sockets_in_netns
+    from stockade.runtime._run import read_child_pid
+
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--disable-userns"]
+    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--info-fd", str(info_w)]
+    argv += ["--block-fd", str(block_r), "--", "/bin/true"]
+    proc = subprocess.Popen(
+        argv,
+        pass_fds=(info_w, block_r),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    os.close(info_w)
+    os.close(block_r)
+    try:
+        pid = read_child_pid(info_r)
+        socks = sockets_in_netns(pid, 0, dns=True, capture_ports=(80, 443))
+        socks.close()
+    except Exception as exc:
+        return Check(
+            name,
+            False,
+            str(exc),
+            "runs that allow hosts will refuse to start (exit 125) until this works; "
+            "set network.transparent = false to use the proxy variables alone",
+        )
+    finally:
+        os.close(block_w)
+        proc.wait()
+    resolv = Path("/etc/resolv.conf")
+    where = (
+        f"; /etc/resolv.conf links to {os.path.realpath(resolv)}, bound over there"
+        if resolv.is_symlink()
+        else ""
+    )
+    return Check(
+        name,
+        True,
+        "stockade's resolver and capture of ports 80 and 443 work in a sandbox's "
+        f"network namespace{where}",
+    )
