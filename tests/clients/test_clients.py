@@ -1,0 +1,100 @@
+"""Every common client reaches what the policy allows, and nothing else (issue 13).
+
+One ``stockade run`` per mode runs every client twice over: against its own allowed name
+(``CLIENT-SCHEME.ok.test``, pinned to 127.0.0.1 and allowed on the server's port), where
+it must get the right server's answer, and against a name not in the policy
+(``CLIENT-SCHEME.no.test``), where it must fail with the denial in the audit log: a
+``net_connect``/``net_request`` denial when the client used the proxy, a ``dns_query``
+denial when it looked the name up itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.clients.conftest import (
+    MODES,
+    Job,
+    Ran,
+    Servers,
+    check_allowed,
+    check_denied,
+    make_job,
+    policy_text,
+    require_client,
+    run_jobs,
+)
+from tests.conftest import World
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+#: each client with the schemes it is tried on (pip refuses a plain-HTTP index)
+CASES: dict[str, tuple[str, ...]] = {
+    "curl": ("http", "https"),
+    "wget": ("http", "https"),
+    "urllib": ("http", "https"),
+    "httpclient": ("http", "https"),
+    "requests": ("http", "https"),
+    "httpx": ("http", "https"),
+    "aiohttp": ("http", "https"),
+    "aiohttp-env": ("http", "https"),
+    "node-fetch": ("http", "https"),
+    "node-get": ("http", "https"),
+    "java": ("http", "https"),
+    "go": ("http", "https"),
+    "pip": ("https",),
+    "uv": ("https",),
+    "npm": ("http", "https"),
+    "git": ("http", "https"),
+}
+
+
+@dataclass
+class Matrix:
+    mode: str
+    ran: Ran
+    allowed: dict[str, list[Job]]
+    denied: dict[str, list[Job]]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def matrix(
+    request: pytest.FixtureRequest, cworld: World, servers: Servers, go_client: Path | None
+) -> Matrix:
+    mode: str = request.param
+    allowed: dict[str, list[Job]] = {}
+    denied: dict[str, list[Job]] = {}
+    ports = {"http": servers.http.port, "https": servers.https.port}
+    for client, schemes in CASES.items():
+        for scheme in schemes:
+            allowed.setdefault(client, []).append(make_job(client, scheme, "ok", ports[scheme]))
+            denied.setdefault(client, []).append(make_job(client, scheme, "no", ports[scheme]))
+    ok = [job for jobs in allowed.values() for job in jobs]
+    no = [job for jobs in denied.values() for job in jobs]
+    policy = policy_text(
+        allow=[j.endpoint for j in ok],
+        pins=[j.host for j in ok],
+        tls_ports=[servers.https.port],
+    )
+    ran = run_jobs(
+        cworld, ok + no, policy, mode=mode, go_client=go_client is not None, label=f"m-{mode}"
+    )
+    assert ran.proc.returncode == 0, ran.out
+    return Matrix(mode, ran, allowed, denied)
+
+
+@pytest.mark.parametrize("client", list(CASES))
+def test_allowed(matrix: Matrix, servers: Servers, client: str) -> None:
+    require_client(client)
+    for job in matrix.allowed[client]:
+        check_allowed(matrix.ran, job, servers, matrix.mode)
+
+
+@pytest.mark.parametrize("client", list(CASES))
+def test_denied(matrix: Matrix, servers: Servers, client: str) -> None:
+    require_client(client)
+    for job in matrix.denied[client]:
+        check_denied(matrix.ran, job, servers, matrix.mode)
