@@ -1,0 +1,1 @@
+"""Tests of stockade's resolver inside the sandbox (stockade.egress.dns)."""
