@@ -39,6 +39,7 @@ MAX_NAME = 255
 MAX_LABEL = 63
 _HEADER = struct.Struct("!HHHHHH")
 _QR = 0x8000
+_OPCODE = 0x7800
 _AA = 0x0400
 _RD = 0x0100
 _RA = 0x0080
@@ -78,7 +79,8 @@ class Query:
     id: int
     flags: int
     #: the name in lower case, labels joined by dots, without the root's trailing dot;
-    #: bytes outside printable ASCII are kept as latin-1 characters (and then refused)
+    #: bytes outside printable ASCII are kept as latin-1 characters (and then refused),
+    #: a dot or backslash inside a label is escaped with a backslash (and then refused)
     name: str
     qtype: int
     qclass: int
@@ -117,7 +119,10 @@ def parse_query(data: bytes) -> Query:
         total += length + 1
         if total > MAX_NAME - 1:
             raise MalformedQuery("name is longer than 255 bytes")
-        labels.append(label.decode("latin-1").lower())
+        # A dot (or backslash) inside a label is escaped as in master files: one label
+        # "a.b" must never read as the two labels of the host a.b.
+        text = label.decode("latin-1").lower().replace("\\", "\\\\").replace(".", "\\.")
+        labels.append(text)
         pos += length
     if pos + 4 > len(data):
         raise MalformedQuery("question has no type and class")
@@ -128,7 +133,9 @@ def parse_query(data: bytes) -> Query:
 
 
 def _header(ident: int, request_flags: int, rcode: int, qdcount: int, ancount: int) -> bytes:
-    flags = _QR | _AA | _RA | (request_flags & _RD) | (rcode & 0xF)
+    # The opcode is copied from the request (RFC 1035 §4.1.1): a client drops a NOTIMP
+    # answer to its NOTIFY or UPDATE whose opcode does not match, and waits out a timeout.
+    flags = _QR | _AA | _RA | (request_flags & (_OPCODE | _RD)) | (rcode & 0xF)
     return _HEADER.pack(ident, flags, qdcount, ancount, 0, 0)
 
 
