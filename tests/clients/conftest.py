@@ -640,13 +640,15 @@ def policy_text(
     tls_ports: Iterable[int] = (),
     tail: str = "",
     read: Sequence[str] = (sys.prefix, sys.base_prefix),
+    pass_trust: bool = True,
 ) -> str:
     """A policy allowing ``allow`` (``host:port`` entries) with every name of ``pins``
-    pinned to 127.0.0.1; the trust-store and program variables passed."""
+    pinned to 127.0.0.1; the program variables passed, and the trust-store ones too
+    unless ``pass_trust`` is false (stockade passes them by default)."""
     hosts = ", ".join(f'"{h}" = "127.0.0.1"' for h in sorted(set(pins)))
     # The venv's interpreter (the Python clients' libraries, pip and uv) lives outside the
     # workspace: readable, not writable.
-    env_pass = json.dumps([*TRUST_VARIABLES, *RUN_VARIABLES])
+    env_pass = json.dumps([*(TRUST_VARIABLES if pass_trust else ()), *RUN_VARIABLES])
     return (
         "version = 1\n"
         f"[filesystem]\nread = {json.dumps(sorted(set(read)))}\n"
@@ -754,11 +756,14 @@ def script_for(
     return "\n".join(lines) + "\n", files
 
 
-def run_env(world: World, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment of a run: the trust-store variables name ca.pem."""
+def run_env(
+    world: World, env: dict[str, str] | None = None, trust: Path | None = None
+) -> dict[str, str]:
+    """The caller's environment of a run: the trust-store variables name ``trust``
+    (the workspace's ca.pem by default)."""
     out = dict(world.env)
     for name in TRUST_VARIABLES:
-        out[name] = str(world.workspace / "ca.pem")
+        out[name] = str(trust or world.workspace / "ca.pem")
     out.update(RUN_VARIABLES)
     out.update(env or {})
     return out
@@ -788,10 +793,13 @@ def run_jobs(
     go_client: bool,
     label: str,
     env: dict[str, str] | None = None,
+    trust: Path | None = None,
+    after: str = "",
 ) -> Ran:
-    """Run ``jobs`` in one ``stockade run`` under ``policy``; results by job id."""
+    """Run ``jobs`` in one ``stockade run`` under ``policy`` (then the shell commands
+    ``after``); results by job id."""
     script, files = script_for(jobs, mode, label, go_client=go_client)
-    return run_script(world, script, policy, label=label, env=env, files=files)
+    return run_script(world, script + after, policy, label=label, env=env, files=files, trust=trust)
 
 
 def run_script(
@@ -804,6 +812,7 @@ def run_script(
     files: dict[str, str] | None = None,
     timeout: float = 120,
     prefix: Sequence[str] = (),
+    trust: Path | None = None,
 ) -> Ran:
     """``sh -c script`` in one ``stockade run`` under ``policy`` (``files`` written to
     the workspace first); the audit log and the RESULT and PROBE lines parsed.
@@ -814,7 +823,7 @@ def run_script(
     proc = subprocess.run(
         [*prefix, *world.command, *args],
         cwd=world.workspace,
-        env=run_env(world, env),
+        env=run_env(world, env, trust),
         capture_output=True,
         text=True,
         timeout=timeout,
