@@ -70,6 +70,7 @@ TRANSPARENT_PRELUDE = (
 #: which program runs each client, and what it needs on the host
 RUNNERS: dict[str, tuple[str, str | None]] = {
     "curl": ("sh", "curl"),
+    "curl-socks": ("sh", "curl"),
     "wget": ("sh", "wget"),
     "pip": ("sh", None),
     "uv": ("sh", "uv"),

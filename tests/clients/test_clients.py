@@ -98,3 +98,22 @@ def test_denied(matrix: Matrix, servers: Servers, client: str) -> None:
     require_client(client)
     for job in matrix.denied[client]:
         check_denied(matrix.ran, job, servers, matrix.mode)
+
+
+def test_socks5_is_served_on_the_proxy_listener(cworld: World, servers: Servers) -> None:
+    # ALL_PROXY is http:// (socks5h:// broke httpx), but a client told to use SOCKS5 on
+    # the same listener still gets the same decisions.
+    require_client("curl-socks")
+    ports = {"http": servers.http.port, "https": servers.https.port}
+    ok = [make_job("curl-socks", s, "ok", p) for s, p in ports.items()]
+    no = [make_job("curl-socks", s, "no", p) for s, p in ports.items()]
+    policy = policy_text(
+        allow=[j.endpoint for j in ok], pins=[j.host for j in ok], tls_ports=[ports["https"]]
+    )
+    ran = run_jobs(cworld, ok + no, policy, mode="proxy", go_client=False, label="socks")
+    assert ran.proc.returncode == 0, ran.out
+    for job in ok:
+        check_allowed(ran, job, servers, "proxy")
+        assert {e.get("protocol") for e in ran.allowed(job.host)} == {"socks5"}
+    for job in no:
+        check_denied(ran, job, servers, "proxy")

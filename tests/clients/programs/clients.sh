@@ -2,7 +2,7 @@
 # `sh clients.sh JOBS`. Jobs are tab-separated (id, client, method, url, header); one
 # `RESULT id status text` line each. curl and wget fetch the URL; pip, uv and npm install
 # the tiny package from the index or registry at the URL; git clones the repository at
-# the URL. Trust comes from the variables the caller passes (CURL_CA_BUNDLE, PIP_CERT,
+# the URL (curl-socks: curl through the proxy's SOCKS5). Trust comes from the variables the caller passes (CURL_CA_BUNDLE, PIP_CERT,
 # SSL_CERT_FILE, npm_config_cafile, GIT_SSL_CAINFO); wget reads none, so it is handed
 # SSL_CERT_FILE's file. $CLIENT_PY is the interpreter with pip, $CLIENT_UV is uv.
 tab=$(printf '\t')
@@ -22,8 +22,10 @@ while IFS="$tab" read -r id client method url header; do
     err=out/$id.err
     : >"$body"
     case $client in
-    curl)
+    curl | curl-socks)
         set -- -sS -m 10 -o "$body" -w '%{http_code} %{http_connect}' -X "$method"
+        # Told to use SOCKS5 (names resolved by the proxy) on the proxy's listener.
+        [ "$client" = curl-socks ] && set -- "$@" --proxy "socks5h://${HTTP_PROXY#http://}"
         [ "$method" = PUT ] && set -- "$@" --data-binary x
         [ -n "$hname" ] && set -- "$@" -H "$hname: $hvalue"
         codes=$(curl "$@" "$url" </dev/null 2>"$err")
