@@ -71,6 +71,9 @@ class _Half(asyncio.BufferedProtocol):
         self.count = 0
         self.eof = False
         self.lost = False
+        #: bytes read before the peer's transport existed, written once it does
+        self.early = bytearray()
+        self.early_eof = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -84,6 +87,13 @@ class _Half(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.count += nbytes
         peer = self.peer
+        if peer is not None and (peer.transport is None or self.early):
+            # Read before the peer's transport exists: Python 3.11.2's transports add
+            # their reader after connection_made even when it paused reading (fixed in
+            # later releases), so this happens there. Kept, in order, never dropped;
+            # relay() writes it once both transports exist.
+            self.early += self.shared.view[:nbytes]
+            return
         if peer is None or peer.transport is None or peer.lost:
             return
         peer.transport.write(self.shared.view[:nbytes])
@@ -95,7 +105,9 @@ class _Half(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self.eof = True
         peer = self.peer
-        if (
+        if peer is not None and (peer.transport is None or self.early):
+            self.early_eof = True  # passed on after the early bytes (see buffer_updated)
+        elif (
             peer is not None
             and peer.transport is not None
             and not peer.lost
@@ -185,6 +197,15 @@ async def relay(
         if first_up:
             half_u.transport.write(first_up)
             half_c.count += len(first_up)
+        for half in (half_c, half_u):
+            peer = half.peer.transport if half.peer is not None else None
+            if peer is None:
+                continue
+            if half.early:
+                peer.write(bytes(half.early))
+                half.early.clear()
+            if half.early_eof and peer.can_write_eof():
+                peer.write_eof()
         half_c.transport.resume_reading()
         half_u.transport.resume_reading()
         await tunnel.done
