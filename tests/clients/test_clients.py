@@ -117,3 +117,29 @@ def test_socks5_is_served_on_the_proxy_listener(cworld: World, servers: Servers)
         assert {e.get("protocol") for e in ran.allowed(job.host)} == {"socks5"}
     for job in no:
         check_denied(ran, job, servers, "proxy")
+
+
+def test_transparent_false_leaves_only_the_proxy(cworld: World, servers: Servers) -> None:
+    # The off switch: clients that read the proxy variables still work; one that does not
+    # has no resolver and nothing captures its connections, so it fails without traffic.
+    port = servers.http.port
+    ok = [
+        make_job("curl", "http", "ok", port, label="off"),
+        make_job("urllib", "http", "ok", port, label="off"),
+    ]
+    ignoring = make_job("httpclient", "http", "ok", port, label="off")
+    jobs = [*ok, ignoring]
+    policy = policy_text(
+        allow=[j.endpoint for j in jobs],
+        pins=[j.host for j in jobs],
+        tail="transparent = false\n",
+    )
+    ran = run_jobs(cworld, jobs, policy, mode="proxy", go_client=False, label="off")
+    assert ran.proc.returncode == 0, ran.out
+    for job in ok:
+        check_allowed(ran, job, servers, "proxy")
+    status, text = ran.results[ignoring.id]
+    assert status != "200", text
+    assert servers.seen_for(ignoring.token) == []
+    assert not [e for e in ran.events if e["event"] == "dns_query"]
+    assert not [e for e in ran.events if e.get("mode") == "transparent"]
