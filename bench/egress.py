@@ -5,7 +5,11 @@ Measures, all on loopback:
 * CONNECT-tunnel throughput: 1 GiB downloaded through a tunnel;
 * forward-proxy throughput: 1 GiB response body through ``GET http://...``;
 * latency: p50/p99 of 1,000 small HTTP requests, each on a fresh connection;
-* 500 concurrent tunnels held 10 s, then used: errors, and the proxy's RSS.
+* 500 concurrent tunnels held 10 s, then used: errors, and the proxy's RSS;
+* transparent capture beside CONNECT: tunnel throughput and the p50 of a small request
+  on a fresh tunnel, opened by CONNECT or by connecting to the synthetic address that
+  stockade's resolver hands out (the capture listener here sits on the host's loopback at
+  that address, as it sits on the sandbox's).
 
 The upstream servers and each proxy run in their own processes so that no measurement
 shares a GIL with what it measures. squid is installed with apt-get (as root) and srt with
@@ -115,18 +119,29 @@ import asyncio, resource, socket, sys
 from stockade.egress import EgressProxy, EgressRules
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+from stockade.egress.dns import AddressPool
 rules = EgressRules(allow=("allowed.test",), hosts={"allowed.test": "127.0.0.1"},
                     tls_ports=())
 count = 0
 def audit(decision, fields):
     global count
     count += 1
-proxy = EgressProxy(rules, audit)
+pool = AddressPool()
+synthetic = str(pool.issue("allowed.test"))
+proxy = EgressProxy(rules, audit, pool=pool)
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(4096)
-print(sock.getsockname()[1], flush=True)
-asyncio.run(proxy.serve_socket(sock))
+captures = []
+for port in sys.argv[1:]:  # capture the upstream's ports at the synthetic address
+    capture = socket.socket()
+    capture.bind((synthetic, int(port)))
+    capture.listen(4096)
+    captures.append(capture)
+print(sock.getsockname()[1], synthetic, flush=True)
+async def main():
+    await asyncio.gather(proxy.serve_socket(sock), *map(proxy.serve_capture, captures))
+asyncio.run(main())
 """
 
 SQUID_CONF = """\
@@ -210,9 +225,18 @@ class Via:
         ).encode()
 
 
-def tunnel_open(proxy: Via | None, port: int) -> socket.socket:
+@dataclass(frozen=True)
+class Captured:
+    """Transparent capture: the client connects to the synthetic address itself."""
+
+    address: str
+
+
+def tunnel_open(proxy: Via | Captured | None, port: int) -> socket.socket:
     if proxy is None:
         return socket.create_connection((HOST, port), 10)
+    if isinstance(proxy, Captured):
+        return socket.create_connection((proxy.address, port), 10)
     sock = socket.create_connection((HOST, proxy.port), 10)
     sock.sendall(proxy.head("CONNECT", f"{proxy.name}:{port}", port))
     head, rest = recv_exact_head(sock)
@@ -222,7 +246,7 @@ def tunnel_open(proxy: Via | None, port: int) -> socket.socket:
     return sock
 
 
-def tunnel_throughput(proxy: Via | None, port: int, size: int) -> float:
+def tunnel_throughput(proxy: Via | Captured | None, port: int, size: int) -> float:
     sock = tunnel_open(proxy, port)
     with sock:
         started = time.perf_counter()
@@ -284,6 +308,47 @@ def latency(proxy: Via | None, port: int, count: int) -> tuple[float, float, int
     p50 = statistics.median(samples) * 1000
     p99 = samples[int(len(samples) * 0.99) - 1] * 1000
     return p50, p99, errors
+
+
+def tunnel_latency(proxy: Via | Captured, port: int, count: int) -> float:
+    """p50 (ms) of one small request on a fresh tunnel, the tunnel's opening included."""
+    request = f"GET / HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode()
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        with tunnel_open(proxy, port) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(request)
+            data = b""
+            while not data.endswith(b"ok"):
+                part = sock.recv(65536)
+                if not part:
+                    raise RuntimeError(f"tunnel request cut short: {data[:80]!r}")
+                data += part
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000
+
+
+def transparent_vs_connect(
+    via: Via, captured: Captured, ports: list[int], size: int, samples: int, rounds: int = 3
+) -> dict[str, Any]:
+    """The two ways into a tunnel, measured in turns so that both see the same moment."""
+    source, http, _ = ports
+    best: dict[str, float] = {"connect": 0.0, "transparent": 0.0}
+    p50s: dict[str, list[float]] = {"connect": [], "transparent": []}
+    for _ in range(rounds):
+        for label, proxy in (("connect", via), ("transparent", captured)):
+            best[label] = max(best[label], tunnel_throughput(proxy, source, size))
+            p50s[label].append(tunnel_latency(proxy, http, samples))
+    result = {
+        label: {
+            "tunnel_GBps": round(best[label] / 1e9, 3),
+            "p50_ms": round(statistics.median(p50s[label]), 3),
+        }
+        for label in best
+    }
+    print(f"transparent vs connect: {result}", file=sys.stderr, flush=True)
+    return result
 
 
 def concurrent(proxy: Via, port: int, pid: int, count: int, hold: float) -> dict[str, Any]:
@@ -408,11 +473,18 @@ def main() -> int:
         assert upstream.stdout is not None
         ports = [int(p) for p in upstream.stdout.readline().split()]
         out["direct"] = run_suite("direct", None, ports, size, args.requests)
-        with process([sys.executable, "-c", STOCKADE], stdout=subprocess.PIPE, env=env) as stockade:
+        captured_ports = [str(p) for p in ports[:2]]
+        with process(
+            [sys.executable, "-c", STOCKADE, *captured_ports], stdout=subprocess.PIPE, env=env
+        ) as stockade:
             assert stockade.stdout is not None
-            port = int(stockade.stdout.readline())
+            port_text, synthetic = stockade.stdout.readline().split()
+            port = int(port_text)
             wait_port(port)
             out["stockade"] = run_suite("stockade", Via(port), ports, size, args.requests)
+            out["tunnels"] = transparent_vs_connect(
+                Via(port), Captured(synthetic), ports, size, args.requests
+            )
             out["stockade"]["concurrent"] = concurrent(
                 Via(port), ports[2], stockade.pid, args.concurrent, args.hold
             )
@@ -460,6 +532,15 @@ def main() -> int:
         "added_p50_le_0.5ms": ratios["added_p50_ms"] <= 0.5,
         "concurrent_no_error": s["concurrent"]["errors"] == 0,
     }
+    t = out["tunnels"]
+    ratios["transparent_vs_connect_tunnel"] = round(
+        t["transparent"]["tunnel_GBps"] / t["connect"]["tunnel_GBps"], 3
+    )
+    ratios["transparent_vs_connect_p50"] = round(
+        t["transparent"]["p50_ms"] / t["connect"]["p50_ms"], 3
+    )
+    targets["transparent_tunnel_within_10pct"] = ratios["transparent_vs_connect_tunnel"] >= 0.9
+    targets["transparent_p50_within_10pct"] = ratios["transparent_vs_connect_p50"] <= 1.1
     out["ratios"] = ratios
     out["targets"] = targets
     print(json.dumps(out, separators=(",", ":")))
