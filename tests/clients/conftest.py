@@ -228,12 +228,14 @@ class Origin(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
 
-    def __init__(self, kind: str, content: Content, context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self, kind: str, content: Content, context: ssl.SSLContext | None, port: int = 0
+    ) -> None:
         self.kind = kind
         self.content = content
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _OriginHandler)
+        super().__init__(("127.0.0.1", port), _OriginHandler)
         if context is not None:
             self.socket = context.wrap_socket(self.socket, server_side=True)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -429,6 +431,9 @@ class Servers:
     http: Origin
     https: Origin
     echo: LineEcho
+    #: what the origins serve, and the HTTPS origins' TLS context (for more origins)
+    content: Content
+    context: ssl.SSLContext
 
     def origin(self, scheme: str) -> Origin:
         return self.https if scheme == "https" else self.http
@@ -453,7 +458,7 @@ def servers() -> Iterator[Servers]:
     secure = Origin("https", content, context)
     echo = LineEcho()
     try:
-        yield Servers(ca, ca.cert_pem.bytes(), ca_path, plain, secure, echo)
+        yield Servers(ca, ca.cert_pem.bytes(), ca_path, plain, secure, echo, content, context)
     finally:
         plain.close()
         secure.close()
@@ -570,12 +575,22 @@ class Job:
         """The allow entry for this case: ``host:port``."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def host_header(self) -> str:
+        """What the server sees as Host (no port for the scheme's default one)."""
+        return self.host if DEFAULT_PORTS[self.scheme] == self.port else self.endpoint
+
     def line(self) -> str:
         return "\t".join((self.id, self.client, self.method, self.url, self.header))
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def url_for(client: str, scheme: str, host: str, port: int, token: str) -> str:
-    base = f"{scheme}://{host}:{port}/t/{token}"
+    """The case's URL; a scheme's default port is left out, as people write it."""
+    authority = host if DEFAULT_PORTS[scheme] == port else f"{host}:{port}"
+    base = f"{scheme}://{authority}/t/{token}"
     if client in ("pip", "uv"):
         return f"{base}/simple/"
     if client == "npm":
@@ -849,7 +864,7 @@ def check_allowed(ran: Ran, job: Job, servers: Servers, mode: str) -> None:
     )
     seen = servers.origin(job.scheme).seen_for(job.token)
     assert seen, f"{job.client}: the {job.scheme} server saw no request of {job.token}"
-    assert {s.host for s in seen} == {job.endpoint}, seen
+    assert {s.host for s in seen} == {job.host_header}, seen
     allowed = ran.allowed(job.host)
     assert allowed, f"{job.client}: no allow event for {job.host}: {ran.brief(job.host)}"
     transparent = [e for e in allowed if e.get("mode") == "transparent"]
