@@ -553,6 +553,9 @@ def install_programs(world: World, servers: Servers, go_client: Path | None) -> 
 # --- jobs, policies and runs ----------------------------------------------------------------
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 @dataclass(frozen=True)
 class Job:
     """One case: ``client`` does ``method`` on ``url`` (sending ``header``)."""
@@ -582,9 +585,6 @@ class Job:
 
     def line(self) -> str:
         return "\t".join((self.id, self.client, self.method, self.url, self.header))
-
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def url_for(client: str, scheme: str, host: str, port: int, token: str) -> str:
@@ -655,6 +655,8 @@ def policy_text(
     pins: Iterable[str],
     tls_ports: Iterable[int] = (),
     tail: str = "",
+    # The venv's interpreter (the Python clients' libraries, pip and uv) lives outside the
+    # workspace: readable, not writable.
     read: Sequence[str] = (sys.prefix, sys.base_prefix),
     pass_trust: bool = True,
 ) -> str:
@@ -662,8 +664,6 @@ def policy_text(
     pinned to 127.0.0.1; the program variables passed, and the trust-store ones too
     unless ``pass_trust`` is false (stockade passes them by default)."""
     hosts = ", ".join(f'"{h}" = "127.0.0.1"' for h in sorted(set(pins)))
-    # The venv's interpreter (the Python clients' libraries, pip and uv) lives outside the
-    # workspace: readable, not writable.
     env_pass = json.dumps([*(TRUST_VARIABLES if pass_trust else ()), *RUN_VARIABLES])
     return (
         "version = 1\n"
