@@ -51,6 +51,9 @@ def curl(*args):
     return proc.stdout
 out["resolv"] = open("/etc/resolv.conf").read()
 attempt("allowed", lambda: resolve("web.test"))
+# IPv4 only, with AI_ADDRCONFIG: glibc skips the lookup when only loopback is IPv4.
+attempt("v4-addrconfig", lambda: sorted({i[4][0] for i in socket.getaddrinfo(
+    "web.test", 80, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)}))
 attempt("denied", lambda: resolve("evil.test"))
 attempt("exfil", lambda: resolve(sys.argv[2] + ".attacker.test"))
 attempt("localhost", lambda: resolve("localhost"))
@@ -103,6 +106,7 @@ def check_transparent(out: dict[str, Any], events: list[dict[str, Any]], label: 
     address = out["allowed"]["value"]
     assert len(address) == 1
     assert address[0].startswith("127.64."), out
+    assert out["v4-addrconfig"].get("value") == address, out["v4-addrconfig"]
     # Denied names fail at once, answered by stockade (NXDOMAIN), never looked up.
     for key in ("denied", "exfil"):
         assert out[key]["ok"] is False, out[key]

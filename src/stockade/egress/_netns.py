@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from stockade._exceptions import SandboxError
 from stockade._libc import libc
+from stockade.egress.dns._pool import POOL
 
 __all__ = ["NetnsSockets", "listener_in_netns", "sockets_in_netns"]
 
@@ -56,6 +57,10 @@ _RTPROT_STATIC = 4
 _RT_SCOPE_HOST = 254
 _RTN_LOCAL = 2
 _RTA_OIF = 4
+_RTM_NEWADDR = 20
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+#: the resolver's receive buffer: a burst of queries is queued, not dropped
+_DNS_RCVBUF = 1 << 20
 _SIOCGIFFLAGS = 0x8913
 _IFF_UP = 0x1
 
@@ -118,6 +123,38 @@ def _wait_for_loopback() -> None:
             time.sleep(0.0002)
 
 
+def _add_pool_address() -> None:
+    """Put the synthetic pool's network address on ``lo`` (``127.64.0.0/16``).
+
+    glibc's ``AI_ADDRCONFIG`` disregards loopback when it asks whether the host has IPv4
+    at all: with only 127.0.0.1 on ``lo``, an IPv4-only lookup with that flag (``getent
+    ahostsv4``, some runtimes) failed before any query was sent. Another address on
+    ``lo``, in the pool's own range (never issued to a name), makes IPv4 count.
+    """
+    ifindex = socket.if_nametoindex("lo")
+    address = POOL.network_address.packed
+    body = struct.pack("=BBBBI", socket.AF_INET, POOL.prefixlen, 0, _RT_SCOPE_HOST, ifindex)
+    for kind in (_IFA_LOCAL, _IFA_ADDRESS):
+        body += struct.pack("=HH", 8, kind) + address
+    flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL
+    message = struct.pack("=IHHII", 16 + len(body), _RTM_NEWADDR, flags, 1, 0) + body
+    _netlink(message)
+
+
+def _netlink(message: bytes) -> int:
+    """Send one rtnetlink request; its error (0 or a negative errno) from the ACK."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        nl.sendall(message)
+        answer = nl.recv(4096)
+    _length, kind, _flags, _seq, _pid = struct.unpack_from("=IHHII", answer)
+    if kind != _NLMSG_ERROR:
+        raise OSError(errno.EPROTO, "rtnetlink answered with no acknowledgement")
+    (error,) = struct.unpack_from("=i", answer, 16)
+    if error not in (0, -errno.EEXIST):
+        raise OSError(-error, os.strerror(-error))
+    return int(error)
+
+
 def _add_local_default(family: int) -> bool:
     """Add ``local <default> dev lo`` to the local table; False when the family is off."""
     ifindex = socket.if_nametoindex("lo")
@@ -136,18 +173,13 @@ def _add_local_default(family: int) -> bool:
     body = rtm + struct.pack("=HHi", 8, _RTA_OIF, ifindex)
     flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL
     message = struct.pack("=IHHII", 16 + len(body), _RTM_NEWROUTE, flags, 1, 0) + body
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
-        nl.sendall(message)
-        answer = nl.recv(4096)
-    _length, kind, _flags, _seq, _pid = struct.unpack_from("=IHHII", answer)
-    if kind != _NLMSG_ERROR:
-        raise OSError(errno.EPROTO, "rtnetlink answered with no acknowledgement")
-    (error,) = struct.unpack_from("=i", answer, 16)
-    if error in (0, -errno.EEXIST):
-        return True
-    if family == socket.AF_INET6 and -error in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
-        return False  # IPv6 is off in this kernel: v6 destinations stay unreachable
-    raise OSError(-error, os.strerror(-error))
+    try:
+        _netlink(message)
+    except OSError as exc:
+        if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
+            return False  # IPv6 is off in this kernel: v6 destinations stay unreachable
+        raise
+    return True
 
 
 def _capture_listener(port: int) -> socket.socket:
@@ -190,6 +222,9 @@ def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request)
             _add_local_default(socket.AF_INET)
             step = "route add local ::/0 dev lo"
             _add_local_default(socket.AF_INET6)
+        if request.dns:
+            step = f"address add {POOL} dev lo"
+            _add_pool_address()
         step = f"bind 127.0.0.1:{request.port}"
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -199,6 +234,7 @@ def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request)
         if request.dns:
             step = f"bind udp 127.0.0.1:{DNS_PORT}"
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _DNS_RCVBUF)
             udp.bind(("127.0.0.1", DNS_PORT))
             made.append(udp)
             step = f"bind tcp 127.0.0.1:{DNS_PORT}"

@@ -188,7 +188,12 @@ class DnsServer:
                 async with asyncio.timeout(_TCP_IDLE):
                     (length,) = struct.unpack("!H", await reader.readexactly(2))
                     message = await reader.readexactly(length)
-                response = self.answer(message)
+                try:
+                    response = self.answer(message)
+                except Exception as exc:
+                    # As on UDP: a bug ends this connection, never the resolver.
+                    logger.error("egress: resolver: %s: %s", type(exc).__name__, exc)
+                    break
                 if response is None:
                     break
                 writer.write(struct.pack("!H", len(response)) + response)
@@ -207,6 +212,7 @@ class DnsServer:
             server.close()
         for writer in list(self._tcp):
             writer.close()
+        self._tcp.clear()
         self._transports.clear()
         self._servers.clear()
 
