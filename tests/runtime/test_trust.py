@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def corp_env(world: World, serve: Served) -> dict[str, str]:
     return env
 
 
-def probe(world: World, serve: Served, env: dict[str, str], inspect: bool) -> dict[str, object]:
+def probe(world: World, serve: Served, env: dict[str, str], inspect: bool) -> dict[str, Any]:
     site = serve.start({"/hello": b"hello"}, tls=True)
     (world.workspace / "probe.py").write_text(PROBE)
     rules = ""
@@ -65,7 +66,7 @@ def probe(world: World, serve: Served, env: dict[str, str], inspect: bool) -> di
     world.env = env
     ran = run(world, policy, f"python3 probe.py https://web.test:{site.port}/hello")
     assert ran.proc.returncode == 0, ran.out
-    out: dict[str, object] = json.loads(ran.proc.stdout)
+    out: dict[str, Any] = json.loads(ran.proc.stdout)
     out["events"] = ran.events
     return out
 
@@ -102,7 +103,7 @@ def test_without_the_variable_the_server_is_not_trusted(
     assert out["fetch"][0] != 200, out["fetch"]
     if inspect:
         # The proxy itself refused to trust the upstream: no request reached it.
-        refused = [e for e in out["events"] if e["verdict"] == "deny"]  # type: ignore[union-attr]
+        refused = [e for e in out["events"] if e["verdict"] == "deny"]
         assert refused, out["events"]
     else:
         assert "CERTIFICATE_VERIFY_FAILED" in str(out["fetch"]), out["fetch"]
