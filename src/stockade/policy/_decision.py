@@ -41,6 +41,13 @@ class Reason(enum.StrEnum):
     CONNECTION_LIMIT = "connection-limit"
     NOT_TLS = "not-tls"
     UPSTREAM_FAILED = "upstream-failed"
+    # asking (egress/approval)
+    USER_DENIED = "user-denied"
+    APPROVAL_TIMEOUT = "approval-timeout"
+    APPROVAL_UNAVAILABLE = "approval-unavailable"
+    APPROVAL_ERROR = "approval-error"
+    APPROVAL_LIMIT = "approval-limit"
+    HOST_REVOKED = "host-revoked"
     # inspect
     HOST_MISMATCH = "host-mismatch"
     AMBIGUOUS_PATH = "ambiguous-path"
