@@ -81,6 +81,10 @@ def test_an_allowed_name_gets_one_synthetic_address_and_reaches_its_server(
     assert address in ipaddress.ip_network("127.64.0.0/16"), address
     # Stable: the same address for the C library's lookup, again, and by hand.
     assert p["allowed_again"]["addresses"] == addresses
+    # AI_ADDRCONFIG (with or without AF_INET) disregards loopback in glibc: the name must
+    # resolve all the same.
+    assert p["allowed_addrconfig"].get("addresses") == addresses, p["allowed_addrconfig"]
+    assert p["allowed_addrconfig_any"].get("addresses") == addresses, p["allowed_addrconfig_any"]
     assert (p["allowed_raw_a"]["rcode"], p["allowed_raw_a"]["a"]) == (0, addresses)
     # Other types: NODATA (no error), so clients asking for both families go on with A.
     assert (p["allowed_raw_aaaa"]["rcode"], p["allowed_raw_aaaa"]["answers"]) == (0, 0)
