@@ -253,3 +253,14 @@ def test_verify_does_not_combine_with_event_filters(state: Path) -> None:
         assert result.stderr.strip() == (
             f"stockade log: --verify checks whole files; {option} does not combine with it"
         )
+
+
+def test_a_line_says_what_the_resolver_and_capture_decided() -> None:
+    from stockade.cli.log import format_event
+
+    query = {"event": "dns_query", "verdict": "deny", "name": "evil.test", "type": "A"}
+    assert format_event(query).endswith("evil.test (A query)")
+    captured = {"event": "net_connect", "host": "web.test", "port": 443, "mode": "transparent"}
+    assert format_event(captured).endswith("web.test:443 (captured)")
+    proxied = {"event": "net_connect", "host": "web.test", "port": 443}
+    assert format_event(proxied).endswith("web.test:443")

@@ -115,6 +115,10 @@ def format_event(event: Event) -> str:
         target = " ".join(str(a) for a in event.get("argv", []))
     elif not target and event.get("event") == "run_end":
         target = f"exit {event.get('returncode')}"
+    if event.get("event") == "dns_query" and event.get("type"):
+        target = f"{target} ({event['type']} query)"
+    elif event.get("mode") == "transparent":
+        target = f"{target} (captured)"
     fields = [
         _when(event),
         str(event.get("run_id", "-")),
