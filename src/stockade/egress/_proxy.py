@@ -32,6 +32,7 @@ from stockade.egress._addr import IPAddress
 from stockade.egress._relay import RELAY_BUFFER, relay
 from stockade.egress._rules import LAYER, AddressVerdict, EgressRules, parse_address
 from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, parse_client_hello
+from stockade.egress.approval._broker import RuleSet, RunGate
 from stockade.egress.dns._pool import AddressPool
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
@@ -203,8 +204,15 @@ class EgressProxy:
         relay_buffer: int = RELAY_BUFFER,
         inspect: Interceptor | None = None,
         pool: AddressPool | None = None,
+        gate: RunGate | None = None,
     ) -> None:
         self._rules = rules
+        #: the run's approval gate (live rules, asks); None: ``rules`` for the proxy's life
+        self.gate = gate
+        self._ruleset: RuleSet | None = None
+        #: what each open connection's task was let through to, for revocation
+        self._targets: dict[asyncio.Task[None], tuple[str, int]] = {}
+        self._revoked: set[asyncio.Task[None]] = set()
         #: the synthetic addresses of stockade's resolver (transparent capture), if any
         self.pool = pool
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
@@ -228,8 +236,35 @@ class EgressProxy:
 
     @property
     def rules(self) -> EgressRules:
-        """The rules this proxy decides by; fixed for its life (decisions are cached)."""
+        """The rules this proxy decides by now: fixed for its life without a gate; with
+        one, the gate's current rule set (a live change swaps it, see :meth:`_current`)."""
+        if self.gate is not None:
+            return self.gate.current().rules
         return self._rules
+
+    def _current(self) -> RuleSet | None:
+        """The gate's rule set for one decision; a new generation empties the caches
+        first, so that no decision of the old rules outlives them."""
+        if self.gate is None:
+            return None
+        ruleset = self.gate.current()
+        if ruleset is not self._ruleset:
+            self._names.clear()
+            self._verdicts.clear()
+            self._ruleset = ruleset
+        return ruleset
+
+    def close_failing(self) -> None:
+        """Close open connections whose ``host:port`` the current rules no longer pass
+        (``host-revoked``); called on the proxy's loop after a live change."""
+        ruleset = self._current()
+        if ruleset is None:
+            return
+        for task, (host, port) in list(self._targets.items()):
+            if task.done() or ruleset.check_name(host, port).allowed:
+                continue
+            self._revoked.add(task)
+            task.cancel()
 
     # -- serving ------------------------------------------------------------------------
 
@@ -384,7 +419,12 @@ class EgressProxy:
             return
         task = loop.create_task(handler(conn))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._targets.pop(task, None)
+        self._revoked.discard(task)
 
     # -- audit ---------------------------------------------------------------------------
 
@@ -467,6 +507,15 @@ class EgressProxy:
             if record.decision is None:
                 record.decision = _deny(Reason.HANDSHAKE_TIMEOUT, "no complete request in time")
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task in self._revoked:
+                # Closed by a live change: the connection no longer passes. Not a
+                # shutdown, so the cancellation ends here.
+                record.decision = _deny(
+                    Reason.HOST_REVOKED, f"{record.host}:{record.port} was revoked"
+                )
+                task.uncancel()
+                return
             if record.decision is None:
                 record.decision = _deny(Reason.BAD_REQUEST, "proxy closed")
             raise
@@ -488,6 +537,8 @@ class EgressProxy:
             # A client that resolved through stockade's resolver and then asked the proxy
             # for the address (socks5://, some CONNECT clients) means the name.
             host_raw = self._issued_name(host_raw) or host_raw
+        ruleset = self._current()
+        rules = self.rules if ruleset is None else ruleset.rules
         named = self._names.get((host_raw, port))
         if named is None:
             try:
@@ -499,17 +550,29 @@ class EgressProxy:
                 return None
             if len(self._names) >= _DECISION_CACHE:
                 self._names.clear()
-            named = self._names[(host_raw, port)] = (host, self.rules.check_name(host, port))
+            check = rules.check_name if ruleset is None else ruleset.check_name
+            named = self._names[(host_raw, port)] = (host, check(host, port))
         host, decision = named
         record.host, record.port = host, port
         if not 1 <= port <= 65535:
             record.decision = _deny(Reason.BAD_REQUEST, f"port {port} is out of range")
             return None
+        if (
+            ruleset is not None
+            and self.gate is not None
+            and decision.reason is Reason.HOST_NOT_ALLOWED
+        ):
+            # An allow-list miss, and only that, may be asked about: before any DNS
+            # lookup (the name leaves nothing behind until someone allowed it). Not
+            # cached: the answer changes the generation, and a deny is the gate's to keep.
+            decision = await self.gate.decide(host, port, _scheme(record, port, rules), ruleset)
+            if decision.rule.startswith("ask:"):
+                record.extra["ask_id"] = decision.rule[4:]
         if not decision.allowed:
             record.decision = decision
             return None
         literal = ip_literal(host)
-        pin = self.rules.pin(host)
+        pin = rules.pin(host)
         if literal is not None:
             addresses: Sequence[IPAddress] = (literal,)
         elif pin is not None:
@@ -530,9 +593,13 @@ class EgressProxy:
             if verdict is None:
                 if len(self._verdicts) >= _DECISION_CACHE:
                     self._verdicts.clear()
-                verdict = self.rules.check_address(host, port, address)
+                verdict = rules.check_address(host, port, address)
                 self._verdicts[(host, port, address)] = verdict
             if verdict.decision.allowed:
+                if self.gate is not None:
+                    task = asyncio.current_task()
+                    if task is not None:
+                        self._targets[task] = (host, port)
                 record.address = str(address)
                 record.address_class = str(verdict.address_class)
                 rule = decision.rule
@@ -1117,6 +1184,13 @@ class EgressProxy:
                 return keep
             # ConnectionClosed before the end of a response: the client sees a cut body.
             return False
+
+
+def _scheme(record: _Record, port: int, rules: EgressRules) -> str:
+    """How a connection being asked about will be used: ``http``, ``https`` or ``tcp``."""
+    if record.protocol == "http":
+        return "http"
+    return "https" if rules.is_tls_port(port) else "tcp"
 
 
 def _origin_target(

@@ -26,7 +26,7 @@ import os
 import socket
 import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 from stockade.audit import AuditLog
 from stockade.egress import EgressProxy, EgressRules, proxy_environment
 from stockade.egress._netns import DNS_PORT, sockets_in_netns
+from stockade.egress.approval import ApprovalBroker, RunGate
 from stockade.egress.dns import AddressPool, DnsServer
 from stockade.enforce.environment import trust_paths
 from stockade.policy import Decision, Policy
@@ -130,9 +131,14 @@ class EgressPlan:
         caller_env: Mapping[str, str],
         scratch: Path,
         inside_dir: str | None,
+        approvals: ApprovalBroker | None = None,
     ) -> None:
         self.policy = policy
-        self.rules = EgressRules.from_policy(policy.network)
+        #: grants, live changes and asks shared by the runs (None: the policy, fixed)
+        self.approvals = approvals
+        self.rules = (
+            approvals.base if approvals is not None else EgressRules.from_policy(policy.network)
+        )
         self.env = proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
         self.files: list[tuple[Path, str]] = []
         #: the trust stores the caller's variables name (trusted upstream as well)
@@ -177,8 +183,8 @@ class EgressPlan:
             self._loop = loop
         return self._loop
 
-    def proxy(self, audit: AuditLog) -> RunProxy:
-        """A proxy for one run, writing to that run's audit log."""
+    def proxy(self, audit: AuditLog, argv: Sequence[str] = ()) -> RunProxy:
+        """A proxy for one run (``argv``), writing to that run's audit log."""
         inspect = None
         if self._ca is not None:
             from stockade.egress.inspect import InspectLayer
@@ -187,8 +193,14 @@ class EgressPlan:
                 self.policy, self._ca, audit, secrets=self._store, caller_trust=self.caller_trust
             )
         pool = AddressPool() if self.transparent else None
-        proxy = EgressProxy(self.rules, audit, inspect=inspect, pool=pool)
-        return RunProxy(proxy, self.loop(), audit, self.capture_ports if self.transparent else None)
+        gate = None
+        if self.approvals is not None:
+            gate = self.approvals.gate(audit.run_id, argv, audit.emit)
+        proxy = EgressProxy(self.rules, audit, inspect=inspect, pool=pool, gate=gate)
+        loop = self.loop()
+        if gate is not None:
+            gate.loop, gate.on_change = loop, proxy.close_failing
+        return RunProxy(proxy, loop, audit, self.capture_ports if self.transparent else None)
 
     def close(self) -> None:
         """Stop the event loop thread."""
@@ -198,6 +210,16 @@ class EgressPlan:
             if not self._thread.is_alive():
                 self._loop.close()
         self._loop = self._thread = None
+
+
+def _live_rules(gate: RunGate) -> Callable[[], tuple[EgressRules, Callable[[str], bool]]]:
+    """The resolver's view of ``gate``: the current rules, and which names are askable."""
+
+    def live() -> tuple[EgressRules, Callable[[str], bool]]:
+        ruleset = gate.current()
+        return ruleset.rules, ruleset.may_ask
+
+    return live
 
 
 class RunProxy:
@@ -217,7 +239,8 @@ class RunProxy:
         self.capture_ports = capture_ports
         self.dns: DnsServer | None = None
         if capture_ports is not None and proxy.pool is not None:
-            self.dns = DnsServer(proxy.rules, proxy.pool, self._dns_event)
+            live = _live_rules(proxy.gate) if proxy.gate is not None else None
+            self.dns = DnsServer(proxy.rules, proxy.pool, self._dns_event, live=live)
         self._serving: list[Future[None]] = []
 
     def _dns_event(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
@@ -270,6 +293,9 @@ class RunProxy:
         async def shutdown() -> None:
             if self.dns is not None:
                 self.dns.close()
+            if self.proxy.gate is not None:
+                # On the loop: its pending asks' futures are this loop's.
+                self.proxy.gate.close()
             self.proxy.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proxy.wait_closed(), 2.0)

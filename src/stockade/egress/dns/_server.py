@@ -63,8 +63,19 @@ def _printable(text: str, limit: int = 253) -> str:
 class DnsServer:
     """The resolver of one run; answers with :meth:`answer` (pure but for the pool)."""
 
-    def __init__(self, rules: EgressRules, pool: AddressPool, emit: EmitCallback) -> None:
+    def __init__(
+        self,
+        rules: EgressRules,
+        pool: AddressPool,
+        emit: EmitCallback,
+        *,
+        live: Callable[[], tuple[EgressRules, Callable[[str], bool]]] | None = None,
+    ) -> None:
         self.rules = rules
+        #: with asking or live changes: the current rules, and whether a name not on the
+        #: allow-list would be asked about (such a name gets an address too, so that a
+        #: client ignoring proxy variables reaches the ask when it connects)
+        self.live = live
         self.pool = pool
         self._emit = emit
         self._logged: set[tuple[str, str]] = set()
@@ -98,7 +109,14 @@ class DnsServer:
         if ip_literal(host) is not None:
             # Resolvers never ask for a literal; one that does gets no address to capture.
             return self._nxdomain(query, Reason.BAD_HOSTNAME, "an IP literal is not a name")
-        decision = self.rules.check_lookup(host)
+        if self.live is None:
+            decision = self.rules.check_lookup(host)
+        else:
+            rules, askable = self.live()
+            decision = rules.check_lookup(host)
+            if decision.reason is Reason.HOST_NOT_ALLOWED and askable(host):
+                # Still no lookup upstream: the ask, and any DNS, wait for the connection.
+                decision = Decision.allow(LAYER, rule="ask")
         if not decision.allowed:
             return self._nxdomain(query, decision.reason, decision.detail, decision.rule)
         address = self.pool.issue(host)
