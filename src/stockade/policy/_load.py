@@ -54,6 +54,52 @@ def user_policy_path() -> Path:
     return Path(base) / "stockade" / "policy.toml"
 
 
+def approved_path() -> Path:
+    """``approved.toml`` beside the user policy: the answers given as "always"."""
+    return user_policy_path().with_name("approved.toml")
+
+
+def read_approved(path: Path) -> list[dict[str, Any]]:
+    """The entries of an approvals file (``[[allow]]``/``[[deny]]`` tables), validated;
+    ``[]`` when there is none. Raises :class:`PolicyError` naming a bad entry."""
+    raw = _read_if_present(path)
+    if raw is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for action in ("allow", "deny"):
+        tables = raw.get(action, [])
+        if not isinstance(tables, list):
+            raise PolicyError(f"{path}: {action}: expected [[{action}]] tables")
+        for i, table in enumerate(tables):
+            pattern = table.get("pattern") if isinstance(table, dict) else None
+            if not isinstance(pattern, str):
+                raise PolicyError(f"{path}: {action}[{i}]: an entry needs pattern = \"HOST\"")
+            _check_host_pattern(pattern, f"{action}[{i}]", str(path))
+            entry = {k: (str(v) if k == "added" else v) for k, v in table.items()}
+            out.append({**entry, "action": action})
+    unknown = set(raw) - {"allow", "deny"}
+    if unknown:
+        raise PolicyError(f"{path}: unknown table {sorted(unknown)[0]!r}; only allow and deny")
+    return out
+
+
+def _with_approved(policy: Policy) -> Policy:
+    """The user level with ``approved.toml`` merged in (its allow and deny entries)."""
+    path = approved_path()
+    entries = read_approved(path)
+    if not entries:
+        return policy
+    allow = tuple(e["pattern"] for e in entries if e["action"] == "allow")
+    deny = tuple(e["pattern"] for e in entries if e["action"] == "deny")
+    net = policy.network
+    network = replace(
+        net,
+        allow=net.allow + tuple(a for a in allow if a not in net.allow),
+        deny=net.deny + tuple(d for d in deny if d not in net.deny),
+    )
+    return replace(policy, network=network, sources=(*policy.sources, str(path)))
+
+
 def load_policy(
     path: Path | None = None,
     *,
@@ -83,6 +129,9 @@ def load_policy(
             base = _build(_read(user), str(user), base=None, cwd=cwd, ws_override=ws_override)
         else:
             base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override)
+        # The answers given as "always": the user's level, before a workspace file (which
+        # can only tighten, and never add approvals). Never with --policy (reproducible).
+        base = _with_approved(base)
         ws_file = base.filesystem.workspace / WORKSPACE_POLICY
         ws_raw = _read_if_present(ws_file)
         if ws_raw is not None:
@@ -502,6 +551,7 @@ def _build(
         if port > 65535:
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
     transparent = v.boolean("network.transparent", net.get("transparent", True))
+    strict = v.boolean("network.strict", net.get("strict", False))
 
     # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
     # A workspace file is checked against the allow-list it will be composed with.
@@ -538,9 +588,15 @@ def _build(
         notes=tuple(notes),
         warnings=_warnings(allow),
     )
+    if strict:
+        policy = replace(policy, network=replace(policy.network, strict=True))
     if base is None:
         return policy
-    return _tighten(base, policy, raw, v)
+    merged = _tighten(base, policy, raw, v)
+    if base.network.strict or strict:
+        # A workspace file may turn asking off (that only tightens), never back on.
+        merged = replace(merged, network=replace(merged.network, strict=True))
+    return merged
 
 
 def _warnings(allow: tuple[str, ...]) -> tuple[str, ...]:

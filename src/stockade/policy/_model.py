@@ -138,6 +138,8 @@ class NetworkPolicy:
     #: stockade's resolver and transparent capture inside the sandbox, for clients
     #: that ignore proxy variables (the proxy variables stay set as a fast path)
     transparent: bool = True
+    #: never ask about a host that is not allowed (a workspace file may set it, not unset)
+    strict: bool = False
 
 
 @record
@@ -231,6 +233,7 @@ class Policy:
                 "hosts": dict(self.network.hosts),
                 "tls_ports": list(self.network.tls_ports),
                 "transparent": self.network.transparent,
+                "strict": self.network.strict,
             },
             "limits": asdict(self.limits),
             "layers": asdict(self.layers),

@@ -63,6 +63,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "addresses it hands out (ports 80, 443, tls_ports and ports named in allow), "
             "for clients that ignore proxy variables",
         ),
+        "strict": Key(
+            "bool",
+            "false",
+            "never ask about a host that is not allowed (stockade run --ask, the API's ask=): "
+            "deny it as host-not-allowed; a workspace policy may set it, never unset it",
+        ),
         # --- inspect ---
         "rules": Key(
             "rules",
