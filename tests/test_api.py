@@ -15,13 +15,17 @@ pytestmark = pytest.mark.usefixtures("kernel")
 def test_public_names_are_curated() -> None:
     assert sorted(stockade.__all__) == sorted(
         [
+            "AccessRequest",
+            "Answer",
             "CompletedRun",
             "Denied",
+            "Grant",
             "Policy",
             "PolicyError",
             "Sandbox",
             "SandboxError",
             "SandboxTimeout",
+            "Scope",
             "StockadeError",
             "Unavailable",
             "__version__",

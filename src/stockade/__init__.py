@@ -22,16 +22,21 @@ if TYPE_CHECKING:
     from typing import Any
 
     from stockade.api import CompletedRun, Sandbox, run
+    from stockade.egress.approval import AccessRequest, Answer, Grant, Scope
     from stockade.policy import Policy
 
 __all__ = [
+    "AccessRequest",
+    "Answer",
     "CompletedRun",
     "Denied",
+    "Grant",
     "Policy",
     "PolicyError",
     "Sandbox",
     "SandboxError",
     "SandboxTimeout",
+    "Scope",
     "StockadeError",
     "Unavailable",
     "__version__",
@@ -43,6 +48,10 @@ _LAZY = {
     "Sandbox": "stockade.api",
     "CompletedRun": "stockade.api",
     "Policy": "stockade.policy",
+    "AccessRequest": "stockade.egress.approval",
+    "Answer": "stockade.egress.approval",
+    "Grant": "stockade.egress.approval",
+    "Scope": "stockade.egress.approval",
 }
 
 

@@ -21,6 +21,46 @@ from stockade.policy import LAYERS, Policy, load_policy
 from stockade.policy._load import add_allowed_hosts
 from stockade.runtime import RunRequest, RunResult, execute
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from stockade.egress.approval import ApprovalBroker, Approver, Grant, Scope
+
+
+def _broker(policy: Policy, ask: Any, ask_timeout: float) -> ApprovalBroker:
+    """The approval broker of a run or a Sandbox: ``ask`` answers (None: nobody asks);
+    "always" is persisted beside the user policy unless the sandbox could write there
+    or the policy was named explicitly (a reproducible run)."""
+    from stockade.egress import EgressRules
+    from stockade.egress.approval import ApprovalBroker
+    from stockade.egress.approval._store import ApprovedStore, refusal
+    from stockade.policy._load import user_policy_path
+
+    if not ask_timeout > 0:
+        raise ValueError(f"ask_timeout {ask_timeout!r}: must be a positive number of seconds")
+    store = ApprovedStore()
+    why = None
+    if policy.sources and policy.sources[0] not in (str(user_policy_path()), "built-in"):
+        why = f"the policy was given explicitly ({policy.sources[0]}); runs stay reproducible"
+    else:
+        fs = policy.filesystem
+        why = refusal(store.path, (fs.workspace, *fs.write))
+    return ApprovalBroker(
+        EgressRules.from_policy(policy.network),
+        asker=ask,
+        timeout=ask_timeout,
+        strict=policy.network.strict,
+        store=store if why is None else None,
+        store_refusal=why,
+    )
+
+
+def _is_async(ask: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(ask) or inspect.iscoroutinefunction(
+        getattr(ask, "__call__", None)  # noqa: B004
+    )
+
 
 def _policy(
     policy: Policy | str | os.PathLike[str] | None,
@@ -60,6 +100,8 @@ def run(
     disable: Sequence[str] = (),
     audit: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
+    ask: Approver | None = None,
+    ask_timeout: float = 120.0,
 ) -> CompletedRun:
     """Run ``argv`` inside a sandbox and wait for it.
 
@@ -77,13 +119,22 @@ def run(
         disable: layers switched off for this run.
         audit: append audit events to this file (default: events kept in memory only).
         env: the caller environment the secrets layer filters (default: ``os.environ``).
+        ask: an approver (see :mod:`stockade.approvers`) asked about hosts that are not on
+            the allow-list, before any DNS lookup; sync only here (an async one needs
+            :meth:`Sandbox.arun`). None: such hosts are denied, as without asking.
+        ask_timeout: seconds an answer may take; then the request is denied. The
+            command's ``timeout`` stands still while an ask waits.
 
     Raises:
         PolicyError: the policy is invalid.
         Unavailable: a layer the policy asks for cannot be applied here.
         SandboxError: the sandbox failed, or ``check`` and a non-zero exit.
+        TypeError: ``ask`` is an async approver.
     """
     loaded = _policy(policy, workspace, allow_hosts, disable)
+    if ask is not None and _is_async(ask):
+        raise TypeError("an async approver needs Sandbox.arun; give run() a sync one")
+    approval = _broker(loaded, ask, ask_timeout) if ask is not None else None
     return _run_request(
         argv,
         loaded,
@@ -96,6 +147,7 @@ def run(
         audit=Path(os.fspath(audit)) if audit is not None else None,
         env=env,
         egress=None,
+        approval=approval,
     )
 
 
@@ -112,6 +164,7 @@ def _run_request(
     audit: Path | None,
     env: dict[str, str] | None,
     egress: Any,
+    approval: Any = None,
 ) -> CompletedRun:
     from stockade._exceptions import SandboxTimeout
 
@@ -129,6 +182,7 @@ def _run_request(
             allow_pty=False,
             caller_env=env,
             egress=egress,
+            approval=approval,
         )
     )
     completed = CompletedRun(result, text=text)
@@ -155,6 +209,13 @@ class Sandbox:
     reaches the next one except through the workspace.
 
     :meth:`run` mirrors :func:`subprocess.run`; :meth:`arun` is its asyncio twin.
+
+    ``ask`` is an approver asked about hosts not on the allow-list (an async one runs on
+    the loop that called :meth:`arun`). The network policy can also change while
+    commands run: :meth:`allow`, :meth:`deny` and :meth:`revoke` take effect on the next
+    connection of every running command, atomically; :attr:`grants` lists the changes.
+    They never lift a ``network.deny`` entry of the policy, never open a private or
+    loopback address, and never change the filesystem layers.
     """
 
     def __init__(
@@ -166,8 +227,12 @@ class Sandbox:
         disable: Sequence[str] = (),
         audit: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
+        ask: Approver | None = None,
+        ask_timeout: float = 120.0,
     ) -> None:
         self.policy = _policy(policy, workspace, allow_hosts, disable)
+        self._approvals = _broker(self.policy, ask, ask_timeout)
+        self._async_ask = ask is not None and _is_async(ask)
         self._audit = Path(os.fspath(audit)) if audit is not None else None
         self._env = dict(os.environ if env is None else env)
         self._scratch: Path | None = None
@@ -183,7 +248,8 @@ class Sandbox:
     def _prepare(self) -> Any:
         layers = self.policy.layers
         net = self.policy.network
-        if self._egress is None and layers.egress and (net.allow or net.hosts):
+        wanted = net.allow or net.hosts or self._approvals.active
+        if self._egress is None and layers.egress and wanted:
             import tempfile
 
             from stockade.enforce.bubblewrap import STOCKADE_DIR
@@ -191,7 +257,11 @@ class Sandbox:
 
             self._scratch = Path(tempfile.mkdtemp(prefix="stockade-sandbox-"))
             self._egress = EgressPlan(
-                self.policy, self._env, self._scratch, STOCKADE_DIR if layers.container else None
+                self.policy,
+                self._env,
+                self._scratch,
+                STOCKADE_DIR if layers.container else None,
+                approvals=self._approvals,
             )
         return self._egress
 
@@ -207,6 +277,20 @@ class Sandbox:
         check: bool = False,
     ) -> CompletedRun:
         """Run ``argv`` in this sandbox; arguments as for :func:`stockade.run`."""
+        if self._async_ask:
+            raise TypeError("this Sandbox's approver is async: use arun()")
+        return self._run(argv, cwd, timeout, capture_output, text, input, check)
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        cwd: str | os.PathLike[str] | None,
+        timeout: float | None,
+        capture_output: bool,
+        text: bool,
+        input: str | bytes | None,  # noqa: A002 - the name subprocess.run uses
+        check: bool,
+    ) -> CompletedRun:
         if self._closed:
             raise SandboxError("this Sandbox is closed; make a new one")
         return _run_request(
@@ -221,6 +305,7 @@ class Sandbox:
             audit=self._audit,
             env=self._env,
             egress=self._prepare(),
+            approval=self._approvals,
         )
 
     async def arun(
@@ -237,16 +322,49 @@ class Sandbox:
         """The asyncio twin of :meth:`run` (the wait happens in a worker thread)."""
         import asyncio
 
+        asker = self._approvals.asker
+        if asker is not None and hasattr(asker, "caller_loop"):
+            # An async approver runs here, on the caller's loop, not the proxy's.
+            asker.caller_loop = asyncio.get_running_loop()
         return await asyncio.to_thread(
-            self.run,
-            argv,
-            cwd=cwd,
-            timeout=timeout,
-            capture_output=capture_output,
-            text=text,
-            input=input,
-            check=check,
+            self._run, argv, cwd, timeout, capture_output, text, input, check
         )
+
+    # -- live changes ----------------------------------------------------------------------
+
+    def allow(self, pattern: str, *, scope: Scope | str = "session") -> int:
+        """Allow ``pattern`` (``host``, ``host:port``, ``*.suffix``, one public IP) from the
+        next connection on, for running commands and later ones; return the generation.
+
+        ``scope="always"`` also writes it to ``approved.toml`` beside the user policy.
+        Raises :class:`PolicyError` when a ``network.deny`` entry denies it or it names a
+        range or a non-public address.
+        """
+        from stockade.egress.approval import Scope as Scope_
+
+        return self._approvals.update(allow=[pattern], scope=Scope_(scope), source="api")
+
+    def deny(self, pattern: str) -> int:
+        """Deny ``pattern`` from the next connection on (deny wins over every allow);
+        open connections it matches are closed. Returns the generation."""
+        return self._approvals.update(deny=[pattern], source="api")
+
+    def revoke(self, host: str, *, close: bool = True) -> int:
+        """Remove the grants (and live denies) for ``host`` (any port, or the one named),
+        including persisted "always" ones; with ``close``, open tunnels and keep-alive
+        connections that no longer pass are closed. The policy's own allow entries stay:
+        narrow those with :meth:`deny`. Returns the generation."""
+        return self._approvals.update(revoke=[host], close=close, source="api")
+
+    @property
+    def grants(self) -> tuple[Grant, ...]:
+        """The live entries on top of the loaded policy (session and always), oldest first."""
+        return tuple(g for g in self._approvals.grants if g.action in ("allow", "deny"))
+
+    @property
+    def generation(self) -> int:
+        """The network policy's generation: 1 at start, one more per change."""
+        return self._approvals.generation
 
     def close(self) -> None:
         """Stop the shared proxy loop and remove the shared scratch files."""

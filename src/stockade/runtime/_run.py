@@ -33,7 +33,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _host, _placeholders
+from stockade.runtime import _host, _placeholders, _terminal
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -75,6 +75,9 @@ class RunRequest:
     on_event: Callable[[Event], None] | None = None
     #: the egress preparation shared by the runs of one Sandbox (None: made per run)
     egress: Any = None
+    #: the approval broker (:class:`~stockade.egress.approval.ApprovalBroker`): asks and
+    #: live changes; None: the policy is all there is
+    approval: Any = None
 
 
 @record(frozen=False)
@@ -296,7 +299,13 @@ def _execute(
 
     # The proxy is needed when the egress layer is on and the policy allows anything;
     # with nothing allowed the sandbox simply has an empty network namespace.
-    needs_proxy = layers.egress and bool(policy.network.allow or policy.network.hosts)
+    # An approver or live grants need it too, even with an empty allow-list: the proxy is
+    # where an off-list connection waits for its answer.
+    approval = request.approval
+    needs_proxy = layers.egress and (
+        bool(policy.network.allow or policy.network.hosts)
+        or (approval is not None and approval.active)
+    )
     # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
     handshake = support is not None or needs_proxy
 
@@ -320,6 +329,7 @@ def _execute(
                         caller_env,
                         scratch.path,
                         bubblewrap.STOCKADE_DIR if layers.container else None,
+                        approvals=approval,
                     )
                     own_plan = True
             env_plan = environment.build_environment(
@@ -471,7 +481,14 @@ def _execute(
                 else None
             )
             if handshake:
-                start = _Start(egress_plan, audit, make_cgroup, layers.container, placeholders)
+                start = _Start(
+                    egress_plan,
+                    audit,
+                    make_cgroup,
+                    layers.container,
+                    placeholders,
+                    argv=tuple(request.argv),
+                )
             status_r = status_w = -1
             if bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
@@ -677,9 +694,10 @@ def _spawn(
     if start is not None:
         start.release(proc)
     on_started()
+    paused = start.paused if start is not None else None
     with _forwarding(proc, request.forward_signals, depth):
         try:
-            out, err = proc.communicate(request.input, timeout=timeout)
+            out, err = _communicate(proc, request.input, timeout, paused)
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             out, err = proc.communicate()
@@ -688,6 +706,28 @@ def _spawn(
             _kill_tree(proc)
             raise
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes],
+    data: bytes | None,
+    timeout: float | None,
+    paused: Callable[[], float] | None,
+) -> tuple[bytes | None, bytes | None]:
+    """``proc.communicate`` whose timeout stands still while asks wait for an answer
+    (a person reading a prompt must not cost the command its time, Codex #6973)."""
+    if timeout is None or paused is None:
+        return proc.communicate(data, timeout=timeout)
+    started = time.monotonic()
+    while True:
+        left = started + timeout + paused() - time.monotonic()
+        try:
+            # communicate() may be called again after a timeout; input is sent once.
+            return proc.communicate(data, timeout=max(0.0, min(left, 0.5)))
+        except subprocess.TimeoutExpired:
+            data = None
+            if started + timeout + paused() - time.monotonic() <= 0:
+                raise
 
 
 def _popen(
@@ -825,19 +865,39 @@ def _spawn_pty(
 
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
+    paused = start.paused if start is not None else (lambda: 0.0)
+    holder = _terminal.register()
+    relay = holder.__enter__()
     try:
         # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
         tty.setraw(in_fd, termios.TCSANOW)
         sel.register(master, selectors.EVENT_READ)
         sel.register(in_fd, selectors.EVENT_READ)
+        sel.register(relay.wake_r, selectors.EVENT_READ)
+        held: list[int] = []
         with _forwarding(proc, request.forward_signals, depth):
             while True:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if deadline is not None and wait == 0:
+                end = None if deadline is None else deadline + paused()
+                wait = None if end is None else max(0.0, end - time.monotonic())
+                if end is not None and wait == 0:
                     timed_out = True
                     _kill_tree(proc)
                     break
-                for key, _ in sel.select(wait if wait is not None else 0.5):
+                for key, _ in sel.select(min(wait, 0.5) if wait is not None else 0.5):
+                    if key.fd == relay.wake_r:
+                        # A prompt takes the terminal: stop relaying both ways until it
+                        # is done (its keys are not the command's, and the command's
+                        # output must not draw over it or answer it).
+                        if relay.wanted() and not held:
+                            held = [fd for fd in (master, in_fd) if fd in sel.get_map()]
+                            for fd in held:
+                                sel.unregister(fd)
+                            relay.acknowledged.set()
+                        elif not relay.wanted() and held:
+                            for fd in held:
+                                sel.register(fd, selectors.EVENT_READ)
+                            held = []
+                        continue
                     if key.fd == master:
                         try:
                             data = os.read(master, 65536)
@@ -853,6 +913,8 @@ def _spawn_pty(
                             sel.unregister(in_fd)
                             continue
                         os.write(master, data)
+                if held:
+                    continue  # a prompt holds the terminal; the command's end waits for it
                 if proc.poll() is not None and master not in [k.fd for k in sel.get_map().values()]:
                     break
                 if proc.poll() is not None:
@@ -865,6 +927,7 @@ def _spawn_pty(
                             os.write(out_fd, data)
                     break
     finally:
+        holder.__exit__(None, None, None)
         termios.tcsetattr(in_fd, termios.TCSAFLUSH, saved)
         signal.signal(signal.SIGWINCH, old_winch)
         sel.close()
@@ -972,6 +1035,7 @@ class _Start:
         make_cgroup: Callable[[], Any] | None,
         contain: bool,
         placeholders: Callable[[], None] | None = None,
+        argv: tuple[str, ...] = (),
     ) -> None:
         self.contain = contain
         self.placeholders = placeholders
@@ -980,7 +1044,12 @@ class _Start:
         self.make_cgroup = make_cgroup
         self.cgroup: Any = None
         self.audit = audit
-        self.proxy = egress.proxy(audit) if egress is not None else None
+        self.proxy = egress.proxy(audit, argv) if egress is not None else None
+
+    def paused(self) -> float:
+        """Seconds the command's wall clock stood still for asks (see RunGate)."""
+        gate = self.proxy.proxy.gate if self.proxy is not None else None
+        return gate.paused_seconds() if gate is not None else 0.0
 
     def child_fds(self) -> tuple[int, int]:
         """The pipe ends bubblewrap inherits."""

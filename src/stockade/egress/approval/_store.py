@@ -135,10 +135,8 @@ class ApprovedStore:
                 if key not in entry:
                     continue
                 value = entry[key]
-                if key == "added":
-                    text = str(value)  # a TOML datetime, unquoted
-                else:
-                    text = json.dumps(value, ensure_ascii=True)
+                # "added" is a TOML datetime, unquoted; the rest are JSON strings/arrays.
+                text = str(value) if key == "added" else json.dumps(value, ensure_ascii=True)
                 lines.append(f"{key} = {text}\n")
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

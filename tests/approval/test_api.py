@@ -1,0 +1,325 @@
+"""Asking and live changes through the public API, with real bubblewrap and curl.
+
+Names under .test are pinned to 127.0.0.1 (network.hosts) and left off the allow-list,
+so each request reaches the proxy as an allow-list miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import stockade
+from stockade import AccessRequest, Answer, Scope, approvers
+from tests.conftest import World
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+HOSTS = '{ "a.test" = "127.0.0.1", "b.test" = "127.0.0.1", "base.test" = "127.0.0.1" }'
+
+
+def policy(world: World, extra: str = "") -> Path:
+    path = world.root / "p.toml"
+    path.write_text(f'[network]\nallow = ["base.test"]\nhosts = {HOSTS}\n{extra}')
+    return path
+
+
+def curl(port: int, host: str = "a.test") -> list[str]:
+    return ["curl", "-fsS", "-m", "20", f"http://{host}:{port}/"]
+
+
+def events(result: stockade.CompletedRun, name: str) -> list[dict[str, object]]:
+    return [e for e in result.events if e["event"] == name]
+
+
+def test_run_asks_and_allows_for_the_run(world: World, ok_server: int) -> None:
+    ask = approvers.scripted({"a.test": Answer.allow()})
+    r = stockade.run(
+        curl(ok_server),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    assert r.stdout == "ok", r.stderr
+    (asked,) = ask.asked
+    assert (asked.host, asked.port, asked.argv[0]) == ("a.test", ok_server, "curl")
+    assert asked.run_id == r.run_id
+    (answer,) = events(r, "answer")
+    assert answer["verdict"] == "allow"
+    assert answer["answered_by"] == "callback:approvers.scripted"
+    # A second run asks again: a run grant ends with its run.
+    r2 = stockade.run(
+        curl(ok_server),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    assert r2.stdout == "ok"
+    assert len(ask.asked) == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (Answer.deny("no"), "user-denied"),
+        (RuntimeError("boom"), "approval-error"),
+        (Answer.allow(pattern="b.test"), "approval-error"),
+        ("slow", "approval-timeout"),
+    ],
+)
+def test_denials_are_audited(world: World, ok_server: int, answer: object, reason: str) -> None:
+    def approver(request: AccessRequest) -> object:
+        if answer == "slow":
+            time.sleep(2)
+            return True
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    r = stockade.run(
+        curl(ok_server),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=approver,
+        ask_timeout=0.5,
+    )
+    assert r.returncode != 0
+    assert reason in {str(d.get("reason")) for d in r.denials}
+    assert [e["reason"] for e in events(r, "answer")] == [reason]
+
+
+def test_without_an_approver_nothing_is_asked(world: World, ok_server: int) -> None:
+    r = stockade.run(
+        curl(ok_server),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode != 0
+    assert events(r, "ask") == []
+    assert "host-not-allowed" in {d.get("reason") for d in r.denials}
+
+
+def test_strict_policy_turns_asking_off(world: World, ok_server: int) -> None:
+    ask = approvers.scripted({"a.test": True})
+    r = stockade.run(
+        curl(ok_server),
+        policy=policy(world, "strict = true\n"),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    assert r.returncode != 0
+    assert ask.asked == []
+
+
+def test_session_answers_are_remembered_by_the_sandbox(world: World, ok_server: int) -> None:
+    ask = approvers.scripted({"a.test": Answer.allow(Scope.SESSION)})
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env, ask=ask) as sb:
+        for _ in range(2):
+            r = sb.run(curl(ok_server), capture_output=True, text=True)
+            assert r.stdout == "ok", r.stderr
+        assert len(ask.asked) == 1
+        assert [(g.pattern, g.scope) for g in sb.grants] == [(f"a.test:{ok_server}", Scope.SESSION)]
+
+
+def test_async_approver_runs_on_the_callers_loop(world: World, ok_server: int) -> None:
+    seen: list[object] = []
+
+    async def approver(request: AccessRequest) -> Answer:
+        seen.append(asyncio.get_running_loop())
+        return Answer.allow()
+
+    async def main() -> stockade.CompletedRun:
+        with stockade.Sandbox(
+            policy(world), workspace=world.workspace, env=world.env, ask=approver
+        ) as sb:
+            with pytest.raises(TypeError):
+                sb.run(["true"])
+            seen.append(asyncio.get_running_loop())
+            return await sb.arun(curl(ok_server), capture_output=True, text=True)
+
+    r = asyncio.run(main())
+    assert r.stdout == "ok"
+    assert seen[0] is seen[1]
+    with pytest.raises(TypeError):
+        stockade.run(["true"], ask=approver, workspace=world.workspace, env=world.env)
+
+
+LOOP = """
+import sys, time, urllib.request
+for i in range(200):
+    try:
+        body = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+        print(i, "ok", flush=True)
+    except Exception as exc:
+        print(i, "err", type(exc).__name__, getattr(exc, "code", ""), flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_live_allow_and_revoke(world: World, ok_server: int) -> None:
+    """A running command gets 403, then 200 after sb.allow, then 403 after sb.revoke."""
+    script = world.workspace / "loop.py"
+    script.write_text(LOOP)
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        out: list[str] = []
+
+        def run() -> None:
+            r = sb.run(
+                ["python3", "loop.py", f"http://b.test:{ok_server}/"],
+                cwd=world.workspace,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out.append(r.stdout)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(2.0)
+        sb.allow("b.test")
+        time.sleep(2.0)
+        sb.revoke("b.test")
+        time.sleep(2.0)
+        t.join(90)
+    lines = out[0].splitlines()
+    states = [line.split()[1] for line in lines]
+    first_ok = states.index("ok")
+    assert "err" in states[:first_ok]
+    assert "err" in states[first_ok:]
+    assert states[-1] == "err"
+
+
+def test_revoke_closes_an_open_tunnel(world: World, tls_echo: int) -> None:
+    """A CONNECT tunnel to b.test stays open until sb.revoke("b.test", close=True)."""
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'CONNECT b.test:{tls_echo} HTTP/1.1\\r\\nHost: b.test\\r\\n\\r\\n')\n"
+        "print(s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)\n"
+        "s.settimeout(30)\n"
+        "print('closed' if s.recv(100) == b'' else 'data', flush=True)\n"
+    )
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        sb.allow(f"b.test:{tls_echo}")
+        out: list[stockade.CompletedRun] = []
+        t = threading.Thread(
+            target=lambda: out.append(
+                sb.run(["python3", "-c", code], capture_output=True, text=True, timeout=60)
+            )
+        )
+        t.start()
+        time.sleep(2.0)
+        sb.revoke("b.test", close=True)
+        t.join(60)
+    r = out[0]
+    assert r.stdout.splitlines() == ["HTTP/1.1 200 Connection established", "closed"], r.stderr
+    revoked = [e for e in r.events if e.get("reason") == "host-revoked"]
+    assert revoked, json.dumps(r.events, default=str)[-2000:]
+
+
+@pytest.fixture
+def tls_echo() -> object:
+    """A TCP server on 127.0.0.1 that holds connections open (a non-TLS port here)."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    conns: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(c)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+    for c in conns:
+        c.close()
+
+
+def test_the_sandbox_holds_no_descriptor_of_the_approver(world: World, ok_server: int) -> None:
+    """The rule that matters most: inside, /proc/self/fd shows 0-2 (and the listing's own),
+    /dev/tty does not open, and the proxy has no magic host or path to answer with."""
+    ask = approvers.scripted({}, default=False)
+    probe = (
+        "import os\n"
+        "print(sorted(os.listdir('/proc/self/fd')))\n"
+        "try:\n    open('/dev/tty', 'rb')\n    print('tty open')\n"
+        "except OSError as e:\n    print('tty', e.errno)\n"
+    )
+    r = stockade.run(
+        ["python3", "-c", probe],
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    fds, tty = r.stdout.splitlines()
+    assert set(json.loads(fds.replace("'", '"'))) <= {"0", "1", "2", "3"}
+    assert tty == "tty 6"  # ENXIO: no controlling terminal inside
+    # Requests shaped like approval endpoints are ordinary denied requests.
+    attempts = [
+        "http://stockade.approve/a1?decision=allow",
+        "http://127.0.0.1:3128/approve",
+        "http://localhost/stockade/answer",
+    ]
+    for url in attempts:
+        stockade.run(
+            ["curl", "-sS", "-m", "5", "-X", "POST", url],
+            policy=policy(world),
+            workspace=world.workspace,
+            env=world.env,
+            capture_output=True,
+            ask=ask,
+        )
+    r = stockade.run(
+        curl(ok_server),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    assert r.returncode != 0  # nothing above granted a.test
+    assert all(not a.answers for a in [ask])
+    # The twin: the allowed host still works with the same approver.
+    ok = stockade.run(
+        curl(ok_server, "base.test"),
+        policy=policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        ask=ask,
+    )
+    assert ok.stdout == "ok"
+    assert subprocess.run(["true"]).returncode == 0
