@@ -29,6 +29,14 @@ _HINTS: dict[str, str] = {
     "address-self": "{host} is this host's own address; it is never reachable",
     "resolve-failed": "{host} did not resolve; check the spelling",
     "bad-hostname": "{host} is not a valid host name",
+    "upstream-refused": (
+        "the network's upstream proxy refused {target} (its status is in the event); "
+        "this is the operator's proxy, not the policy: ask the user"
+    ),
+    "upstream-unreachable": (
+        "the network's upstream proxy could not be reached for {target}; nothing was "
+        "sent directly; ask the user to check the proxy (stockade doctor)"
+    ),
     "unsupported-protocol": "only HTTP(S) through the proxy leaves the sandbox; use http(s)",
     "sni-mismatch": "the TLS name did not match the host connected to ({target})",
     "not-tls": "a tunnel to {target} on a TLS port must carry TLS",

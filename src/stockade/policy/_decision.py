@@ -48,6 +48,10 @@ class Reason(enum.StrEnum):
     APPROVAL_ERROR = "approval-error"
     APPROVAL_LIMIT = "approval-limit"
     HOST_REVOKED = "host-revoked"
+    #: the operator's upstream proxy answered the CONNECT (or request) with a refusal
+    UPSTREAM_REFUSED = "upstream-refused"
+    #: the operator's upstream proxy could not be reached; nothing was dialled directly
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
     # inspect
     HOST_MISMATCH = "host-mismatch"
     AMBIGUOUS_PATH = "ambiguous-path"

@@ -33,6 +33,7 @@ from stockade.policy._model import (
     NetworkPolicy,
     Policy,
     RequestRule,
+    UpstreamPolicy,
 )
 from stockade.policy._presets import PRESETS, expand_presets
 from stockade.policy._schema import NAMED_TABLES, SCHEMA, TOP_LEVEL
@@ -552,6 +553,11 @@ def _build(
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
     transparent = v.boolean("network.transparent", net.get("transparent", True))
     strict = v.boolean("network.strict", net.get("strict", False))
+    if base is not None and "upstream" in net:
+        # Where stockade dials is the operator's, never the sandbox's: the sandbox can
+        # write this file, and an upstream of its choosing would see every connection.
+        raise v.fail("network.upstream", net["upstream"], _WIDEN_FIX)
+    upstream = _upstream_block(net, v, cwd, workspace)
 
     # --- inspect: rules, upstream CA, secrets, labels (see _inspect_block) ----------
     # A workspace file is checked against the allow-list it will be composed with.
@@ -579,7 +585,9 @@ def _build(
     policy = Policy(
         filesystem=FilesystemPolicy(workspace, read, write, deny, protect),
         env=EnvPolicy(tuple(passes), env_set),
-        network=NetworkPolicy(allow, ndeny, hosts, tls_ports, rules, upstream_ca, transparent),
+        network=NetworkPolicy(
+            allow, ndeny, hosts, tls_ports, rules, upstream_ca, transparent, upstream
+        ),
         limits=limits,
         layers=layers,
         secrets=secrets,
@@ -684,6 +692,7 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
             upstream_ca=base.network.upstream_ca,
             # A workspace file may switch capture off, never back on.
             transparent=base.network.transparent and ws.network.transparent,
+            upstream=base.network.upstream,
         ),
         limits=limits,
         layers=LayersPolicy(
@@ -703,6 +712,100 @@ _WIDEN_FIX = (
     "a policy inside the workspace can only tighten the user policy (the sandbox can write "
     "it); add this to ~/.config/stockade/policy.toml or pass the file with --policy"
 )
+
+
+# --- [network.upstream] -----------------------------------------------------------------
+
+_UPSTREAM_KEYS = ("proxy", "no_proxy", "auth_file", "connect_by")
+
+
+def _upstream_block(
+    net: Mapping[str, Any], v: _Validator, cwd: Path, workspace: Path
+) -> UpstreamPolicy | None:
+    """Validate ``[network.upstream]``: every value is checked here, at load, so that a
+    present but wrong setting refuses every run instead of surfacing at the first dial."""
+    from stockade.policy._upstream import CONNECT_BY, parse_no_proxy
+
+    if "upstream" not in net:
+        return None
+    table = net["upstream"]
+    if not isinstance(table, dict):
+        raise v.fail(
+            "network.upstream", table, 'expected a table, e.g. { proxy = "http://proxy:3128" }'
+        )
+    for name in table:
+        if name not in _UPSTREAM_KEYS:
+            raise v.fail(
+                f"network.upstream.{name}",
+                table[name],
+                f"unknown key; [network.upstream] takes {', '.join(_UPSTREAM_KEYS)}",
+            )
+    if "proxy" not in table:
+        raise v.fail(
+            "network.upstream",
+            table,
+            'no proxy; write proxy = "http://host:port" (or "env"), or remove the table',
+        )
+    proxy = _check_proxy_url(table["proxy"], "network.upstream.proxy", v)
+    no_proxy = v.strs("network.upstream.no_proxy", table.get("no_proxy", []))
+    for i, entry in enumerate(no_proxy):
+        try:
+            parse_no_proxy(entry)
+        except ValueError as exc:
+            raise v.fail(f"network.upstream.no_proxy[{i}]", entry, str(exc)) from None
+    auth_file: Path | None = None
+    if "auth_file" in table:
+        raw_path = table["auth_file"]
+        if not isinstance(raw_path, str) or not raw_path:
+            raise v.fail(
+                "network.upstream.auth_file", raw_path, "expected the path of a user:password file"
+            )
+        auth_file = v.path("network.upstream.auth_file", raw_path, cwd)
+        if not os.path.isfile(auth_file):
+            raise v.fail(
+                "network.upstream.auth_file",
+                raw_path,
+                "no such file; write user:password into it and chmod 600 it",
+            )
+        if _covered(auth_file, (workspace,)):
+            raise v.fail(
+                "network.upstream.auth_file",
+                raw_path,
+                "inside the workspace, which the sandbox can read; keep it outside, "
+                "e.g. ~/.config/stockade/proxy-auth",
+            )
+    connect_by = table.get("connect_by", "address")
+    if connect_by not in CONNECT_BY:
+        raise v.fail(
+            "network.upstream.connect_by",
+            connect_by,
+            'expected "address" (CONNECT the vetted IP) or "name" (for proxies that filter '
+            "by host name)",
+        )
+    return UpstreamPolicy(proxy, no_proxy, auth_file, connect_by)
+
+
+def _check_proxy_url(value: object, key: str, v: _Validator) -> str:
+    from stockade.policy._upstream import parse_proxy_url, redact_url
+
+    if not isinstance(value, str) or not value:
+        raise v.fail(key, value, 'expected "http://host:port" or "env"')
+    if value == "env":
+        return value
+    try:
+        parse_proxy_url(value)
+    except ValueError as exc:
+        raise v.fail(key, redact_url(value), str(exc)) from None
+    return value.strip()
+
+
+def with_upstream_proxy(policy: Policy, url: str) -> Policy:
+    """``policy`` whose upstream proxy is ``url`` (``--upstream-proxy``), validated; the
+    policy's no_proxy, auth_file and connect_by stay as they are."""
+    proxy = _check_proxy_url(url, "--upstream-proxy", _Validator("command line"))
+    current = policy.network.upstream
+    upstream = replace(current, proxy=proxy) if current is not None else UpstreamPolicy(proxy)
+    return replace(policy, network=replace(policy.network, upstream=upstream))
 
 
 # --- inspect: [[network.rules]], network.tls, [secrets.NAME], [labels] -----------------

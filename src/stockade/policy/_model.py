@@ -122,6 +122,34 @@ class Labels:
 
 
 @record
+class UpstreamPolicy:
+    """``[network.upstream]``: the operator's proxy that every allowed connection is
+    chained through (set only by the user policy, ``--policy`` or ``--upstream-proxy``).
+    """
+
+    #: ``http://host:port``, or ``env`` (HTTPS_PROXY/HTTP_PROXY/ALL_PROXY/NO_PROXY of
+    #: stockade's own environment, read once at start)
+    proxy: str
+    #: destinations sent direct: hosts, ``*.suffix``, IPs, CIDRs, each with ``:port``
+    no_proxy: tuple[str, ...] = ()
+    #: a file holding ``user:password`` (readable by its owner only); never in the URL
+    auth_file: Path | None = None
+    #: ``address``: ``CONNECT <vetted IP>:port``; ``name``: ``CONNECT <host>:port``
+    connect_by: str = "address"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table as plain data (a path, never a credential)."""
+        out: dict[str, Any] = {
+            "proxy": self.proxy,
+            "no_proxy": list(self.no_proxy),
+            "connect_by": self.connect_by,
+        }
+        if self.auth_file is not None:
+            out["auth_file"] = str(self.auth_file)
+        return out
+
+
+@record
 class NetworkPolicy:
     """``[network]``: where the sandbox may connect, through the stockade proxy."""
 
@@ -138,6 +166,8 @@ class NetworkPolicy:
     #: stockade's resolver and transparent capture inside the sandbox, for clients
     #: that ignore proxy variables (the proxy variables stay set as a fast path)
     transparent: bool = True
+    #: the operator's upstream proxy (None: allowed destinations are dialled directly)
+    upstream: UpstreamPolicy | None = None
     #: never ask about a host that is not allowed (a workspace file may set it, not unset)
     strict: bool = False
 
@@ -251,6 +281,8 @@ class Policy:
             ]
         if self.network.upstream_ca is not None:
             data["network"]["tls"] = {"upstream_ca": str(self.network.upstream_ca)}
+        if self.network.upstream is not None:
+            data["network"]["upstream"] = self.network.upstream.to_dict()
         if self.secrets:
             data["secrets"] = {
                 s.name: {"from": s.source, "hosts": list(s.hosts), "header": s.header}

@@ -79,6 +79,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "tls": Key("tls", "{}", "{ upstream_ca = PATH }: verify upstream TLS against this CA file"),
         # --- end inspect ---
+        "upstream": Key(
+            "upstream",
+            "{}",
+            "[network.upstream] the operator's proxy every allowed connection is chained "
+            'through, after stockade decided it: proxy = "http://host:port" or "env" '
+            "(HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY of stockade's environment); "
+            "no_proxy = hosts, *.suffix, IPs, CIDRs (with :port) sent direct (loopback "
+            "always is); auth_file = PATH holding user:password, readable by you only; "
+            'connect_by = "address" (CONNECT the vetted IP) or "name"; user policy, '
+            "--policy or --upstream-proxy only, never a workspace file",
+        ),
     },
     "limits": {
         "pids": Key("count", "512", "most processes and threads at once"),
