@@ -2,7 +2,10 @@
 
 Each accepted connection goes: sniff the first byte (0x05 is SOCKS5, anything else is
 parsed as HTTP) → parse the request strictly → decide the name (no DNS for a denied name)
-→ resolve once → classify each address → dial the vetted address (never the name) → relay.
+→ resolve once → classify each address → open the vetted address (never the name) → relay.
+Opening is the one seam under every path (:meth:`EgressProxy._open`): a direct dial, or,
+with an operator's upstream proxy, a tunnel or a forward request through it
+(:mod:`stockade.egress.upstream`); the decisions above it are the same either way.
 Every connection produces exactly one ``net_connect`` audit event, and every forward-proxy
 request one ``net_request`` event, whatever happened (refused, failed, cancelled).
 """
@@ -34,6 +37,13 @@ from stockade.egress._rules import LAYER, AddressVerdict, EgressRules, parse_add
 from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, parse_client_hello
 from stockade.egress.approval._broker import RuleSet, RunGate
 from stockade.egress.dns._pool import AddressPool
+from stockade.egress.upstream import (
+    Route,
+    Transport,
+    UpstreamRefused,
+    UpstreamUnreachable,
+    answer_status,
+)
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
 
@@ -87,6 +97,8 @@ _STATUS = {
     Reason.UNSUPPORTED_PROTOCOL: 400,
     Reason.RESOLVE_FAILED: 502,
     Reason.UPSTREAM_FAILED: 502,
+    Reason.UPSTREAM_REFUSED: 502,
+    Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.CONNECTION_LIMIT: 503,
     Reason.HANDSHAKE_TIMEOUT: 400,
 }
@@ -95,6 +107,8 @@ _SOCKS_CODE = {
     Reason.BAD_REQUEST: _socks.REPLY_FAILURE,
     Reason.RESOLVE_FAILED: _socks.REPLY_HOST_UNREACHABLE,
     Reason.UPSTREAM_FAILED: _socks.REPLY_HOST_UNREACHABLE,
+    Reason.UPSTREAM_REFUSED: _socks.REPLY_FAILURE,
+    Reason.UPSTREAM_UNREACHABLE: _socks.REPLY_NETWORK_UNREACHABLE,
 }
 
 
@@ -187,7 +201,9 @@ class EgressProxy:
 
     ``audit`` is an :class:`~stockade.audit.AuditLog` or a callback taking
     ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
-    about names the rules allow). Timeouts are in seconds.
+    about names the rules allow); ``transport`` opens vetted destinations (directly when
+    omitted; through the operator's upstream proxy when it has one). Timeouts are in
+    seconds.
     """
 
     def __init__(
@@ -204,6 +220,7 @@ class EgressProxy:
         relay_buffer: int = RELAY_BUFFER,
         inspect: Interceptor | None = None,
         pool: AddressPool | None = None,
+        transport: Transport | None = None,
         gate: RunGate | None = None,
     ) -> None:
         self._rules = rules
@@ -213,6 +230,8 @@ class EgressProxy:
         #: what each open connection's task was let through to, for revocation
         self._targets: dict[asyncio.Task[None], tuple[str, int]] = {}
         self._revoked: set[asyncio.Task[None]] = set()
+        #: where vetted destinations are opened: directly, or through an upstream proxy
+        self.transport = transport or Transport(connect_timeout=connect_timeout)
         #: the synthetic addresses of stockade's resolver (transparent capture), if any
         self.pool = pool
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
@@ -638,36 +657,34 @@ class EgressProxy:
                 out.append(address)
         return out
 
-    async def _dial(self, address: IPAddress, port: int) -> socket.socket:
-        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+    async def _open(
+        self, record: _Record, address: IPAddress, port: int, *, forward: bool = False
+    ) -> Route | None:
+        """Open the vetted ``address``: the one seam under CONNECT, SOCKS5, captures and
+        forward requests. None when it cannot be (``record`` says why); a destination
+        meant for the upstream is then refused, never dialled directly."""
+        transport = self.transport
+        upstream = transport.via(record.host, port, address)
+        if upstream is not None:
+            record.extra["upstream"] = upstream.url
         try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # loop.sock_connect would parse the vetted address again (and could resolve a
-            # name); this connects to exactly the literal that passed the checks.
-            error = sock.connect_ex((str(address), port))
-            if error == errno.EINPROGRESS:
-                loop = asyncio.get_running_loop()
-                writable: asyncio.Future[None] = loop.create_future()
-
-                def ready() -> None:
-                    if not writable.done():
-                        writable.set_result(None)
-
-                loop.add_writer(sock.fileno(), ready)
-                try:
-                    async with asyncio.timeout(self.connect_timeout):
-                        await writable
-                finally:
-                    loop.remove_writer(sock.fileno())
-                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if error:
-                raise OSError(error, os.strerror(error))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+            if forward:
+                route = await transport.forward(record.host, port, address)
+            else:
+                route = await transport.tunnel(record.host, port, address)
+        except UpstreamRefused as exc:
+            record.extra["upstream_status"] = exc.status
+            record.decision = _deny(Reason.UPSTREAM_REFUSED, str(exc))
+            return None
+        except UpstreamUnreachable as exc:
+            record.decision = _deny(Reason.UPSTREAM_UNREACHABLE, str(exc))
+            return None
+        except (OSError, TimeoutError) as exc:
+            record.decision = _deny(Reason.UPSTREAM_FAILED, str(exc) or type(exc).__name__)
+            return None
+        if route.status:
+            record.extra["upstream_status"] = route.status
+        return route
 
     # -- tunnels (CONNECT and SOCKS5) ---------------------------------------------------
 
@@ -694,35 +711,49 @@ class EgressProxy:
             )
             await refuse(record.decision)
             return
-        if self.rules.is_tls_port(port):
-            # The ClientHello only comes after the client hears the tunnel is open; the
-            # upstream is dialled only once its SNI has been checked.
-            await accept()
-            accepted = True
-            if not await self._check_client_hello(client, record):
-                return
-            if inspected and self.inspect is not None:
-                record.extra["inspected"] = True
-                first = bytes(client.buffer)
-                client.buffer.clear()
-                await self.inspect.serve(client.sock, record.host, port, str(address), first)
-                return
-        try:
-            upstream = await self._dial(address, port)
-        except (OSError, TimeoutError) as exc:
-            record.decision = _deny(Reason.UPSTREAM_FAILED, str(exc) or type(exc).__name__)
-            if not accepted:
+        route: Route | None = None
+        if not inspected and self.transport.via(record.host, port, address) is not None:
+            # Through an upstream the tunnel is asked for before the client hears that it
+            # is open, so that a refusal is still a clear 502; nothing is sent through it
+            # before the SNI check below.
+            route = await self._open(record, address, port)
+            if route is None:
+                assert record.decision is not None
                 await refuse(record.decision)
-            return
+                return
         try:
+            if self.rules.is_tls_port(port):
+                # The ClientHello only comes after the client hears the tunnel is open; a
+                # direct destination is dialled only once its SNI has been checked.
+                await accept()
+                accepted = True
+                if not await self._check_client_hello(client, record):
+                    return
+                if inspected and self.inspect is not None:
+                    record.extra["inspected"] = True
+                    first = bytes(client.buffer)
+                    client.buffer.clear()
+                    await self.inspect.serve(client.sock, record.host, port, str(address), first)
+                    return
+            if route is None:
+                route = await self._open(record, address, port)
+                if route is None:
+                    if not accepted:
+                        assert record.decision is not None
+                        await refuse(record.decision)
+                    return
             if not accepted:
                 await accept()
-        except BaseException:
-            upstream.close()
-            raise
-        first = bytes(client.buffer)
-        client.buffer.clear()
-        up, down = await relay(client.sock, upstream, first, self.relay_buffer)
+            if route.initial:
+                await client.send(route.initial)  # a server that spoke first, via the upstream
+                record.bytes_down += len(route.initial)
+            first = bytes(client.buffer)
+            client.buffer.clear()
+            opened, route = route, None  # the relay owns (and closes) it from here on
+        finally:
+            if route is not None:
+                route.sock.close()
+        up, down = await relay(client.sock, opened.sock, first, self.relay_buffer)
         record.bytes_up += up
         record.bytes_down += down
 
@@ -966,14 +997,16 @@ class EgressProxy:
                 _http.error_response(status, record.decision.reason, _printable(detail))
             )
             return False
-        try:
-            upstream = await self._dial(address, target.port)
-        except (OSError, TimeoutError) as exc:
-            record.decision = _deny(Reason.UPSTREAM_FAILED, str(exc) or type(exc).__name__)
-            await client.send(_http.error_response(502, Reason.UPSTREAM_FAILED))
+        route = await self._open(record, address, target.port, forward=True)
+        if route is None:
+            assert record.decision is not None
+            reason = record.decision.reason
+            detail = "" if reason is Reason.UPSTREAM_FAILED else record.decision.detail
+            await client.send(_http.error_response(502, reason, _printable(detail, 300)))
             return False
+        upstream = route.sock
         try:
-            return await self._exchange(client, conn, request, target, record, upstream)
+            return await self._exchange(client, conn, request, target, record, route)
         except (_http.BadRequest, h11.RemoteProtocolError) as exc:
             # Malformed body framing (a bad chunk size, say): the upstream request is cut
             # short by closing, and the client told why.
@@ -991,12 +1024,16 @@ class EgressProxy:
         request: h11.Request | _http.PlainRequest,
         target: _http.ForwardTarget,
         record: _Record,
-        upstream: socket.socket,
+        route: Route,
     ) -> bool:
         """Send the request upstream and relay the response; True to keep the client."""
         loop = asyncio.get_running_loop()
+        upstream = route.sock
         host = record.host if ":" not in record.host else f"[{record.host}]"
         authority = host if target.port == 80 else f"{host}:{target.port}"
+        # Through the operator's proxy: absolute-form, with its credentials (the client's
+        # own Proxy-Authorization never passes: filter_headers drops it).
+        path, via = Transport.forward_target(route, record.host, target.port, target.path)
         headers = [
             (b"host", authority.encode("ascii")),
             *_http.filter_headers(list(request.headers)),
@@ -1004,17 +1041,22 @@ class EgressProxy:
             # One request per upstream connection: the upstream side stays simple and the
             # vetted address is never reused for another host.
             (b"connection", b"close"),
+            *via,
         ]
         keep = request.http_version == b"1.1" and not _wants_close(request.headers)
         if conn is None:
             # A plain request (no body): written out directly, and the response read
             # the plain way unless it needs h11 (see _relay_plain).
-            out = b"%s %s HTTP/1.1\r\n" % (request.method, target.path) + _header_block(headers)
+            out = b"%s %s HTTP/1.1\r\n" % (request.method, path) + _header_block(headers)
             await loop.sock_sendall(upstream, out)
             record.bytes_up += len(out)
+            if route.upstream is not None and not await self._upstream_answer(
+                client, record, route
+            ):
+                return False
             return await self._relay_plain(client, request, target, headers, record, upstream, keep)
         up = h11.Connection(h11.CLIENT)
-        out = up.send(h11.Request(method=request.method, target=target.path, headers=headers))
+        out = up.send(h11.Request(method=request.method, target=path, headers=headers))
         assert out is not None
         await loop.sock_sendall(upstream, out)
         record.bytes_up += len(out)
@@ -1045,7 +1087,22 @@ class EgressProxy:
                 break
         leftover, _ = conn.trailing_data
         client.buffer += leftover
+        if route.upstream is not None and not await self._upstream_answer(client, record, route):
+            return False
         return await self._relay_response(client, request, record, upstream, up, keep)
+
+    async def _upstream_answer(self, client: _Client, record: _Record, route: Route) -> bool:
+        """Note the upstream proxy's status for a forwarded request; False (the client
+        told) when it is the proxy's own refusal (407) rather than the origin's answer."""
+        assert route.upstream is not None
+        status = await answer_status(route.sock, self.idle_timeout)
+        record.extra["upstream_status"] = status
+        if status != 407:
+            return True
+        detail = f"the upstream proxy {route.upstream.url} answered 407 (credentials)"
+        record.decision = _deny(Reason.UPSTREAM_REFUSED, detail)
+        await client.send(_http.error_response(502, Reason.UPSTREAM_REFUSED, detail))
+        return False
 
     async def _relay_plain(
         self,

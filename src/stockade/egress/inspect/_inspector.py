@@ -59,6 +59,10 @@ class RequestRecord:
     secrets: list[str] = field(default_factory=list)
     label: str = ""
     detail: str = ""
+    #: the operator's upstream proxy the request went through (its URL, no credentials)
+    upstream: str = ""
+    #: that proxy's answer to the tunnel the request travelled in (0: none)
+    upstream_status: int = 0
 
     def fields(self) -> dict[str, object]:
         """The event fields (never a secret or label value)."""
@@ -77,6 +81,9 @@ class RequestRecord:
             out["secrets"] = list(self.secrets)
         if self.label:
             out["label"] = self.label
+        if self.upstream:
+            out["upstream"] = self.upstream
+            out["upstream_status"] = self.upstream_status
         return out
 
 

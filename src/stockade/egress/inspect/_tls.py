@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from stockade.egress.inspect._ca import CertificateAuthority
@@ -226,19 +226,29 @@ class TLSStream:
         self.sock.close()
 
 
+#: opens a TCP connection for ``(host, port, address)`` (directly or through a proxy)
+Opener = Callable[[str, int, str], Awaitable[socket.socket]]
+
+
 class UpstreamPool:
-    """Idle verified TLS connections to upstreams, keyed by ``(host, port, address)``."""
+    """Idle verified TLS connections to upstreams, keyed by ``(host, port, address)``.
+
+    ``opener`` makes the TCP connection under the TLS (the egress proxy's transport, so
+    that an operator's upstream proxy carries it); without one, ``address`` is dialled.
+    """
 
     def __init__(
         self,
         context: ssl.SSLContext,
         *,
+        opener: Opener | None = None,
         connect_timeout: float = 10.0,
         idle_timeout: float = 30.0,
         max_idle_per_key: int = 16,
         max_idle: int = 256,
     ) -> None:
         self.context = context
+        self.opener = opener
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
         self.max_idle_per_key = max_idle_per_key
@@ -264,14 +274,17 @@ class UpstreamPool:
 
     async def connect(self, host: str, port: int, address: str) -> TLSStream:
         """A new connection to ``address``:``port``, TLS verified for ``host``."""
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        if self.opener is not None:
+            sock = await self.opener(host, port, address)
+        else:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            loop = asyncio.get_running_loop()
             async with asyncio.timeout(self.connect_timeout):
-                await loop.sock_connect(sock, (address, port))
+                if self.opener is None:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await asyncio.get_running_loop().sock_connect(sock, (address, port))
                 stream = await TLSStream.client(sock, self.context, host)
         except BaseException:
             sock.close()

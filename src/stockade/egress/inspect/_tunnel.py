@@ -28,12 +28,14 @@ from typing import Any
 import h11
 
 from stockade.audit import AuditLog
+from stockade.egress._rules import parse_address
 from stockade.egress.inspect._ca import CertificateAuthority
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
 from stockade.egress.inspect._inspector import Inspector, RequestPlan, RequestRecord
 from stockade.egress.inspect._rules import LAYER
 from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer, StreamScanner
 from stockade.egress.inspect._tls import ServerContexts, TLSStream, UpstreamPool, upstream_context
+from stockade.egress.upstream import Transport, UpstreamRefused, UpstreamUnreachable
 from stockade.policy import Decision, Policy, Reason
 
 logger = logging.getLogger("stockade.egress.inspect")
@@ -63,7 +65,15 @@ PINNING_MESSAGE = "client refused the interception certificate (pinning?)"
 
 
 class _UpstreamError(Exception):
-    """The upstream failed before a response could be relayed."""
+    """The upstream failed before a response could be relayed (``reason``: why, with
+    the operator's upstream proxy's ``status`` when it was the one that refused)."""
+
+    def __init__(
+        self, message: str, reason: Reason = Reason.UPSTREAM_FAILED, status: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
 
 
 @dataclass(slots=True)
@@ -84,7 +94,10 @@ class InspectLayer:
         ca: the interception CA (per user or per run).
         audit: an :class:`~stockade.audit.AuditLog` or a callback ``(decision, fields)``.
         upstream_ca: verify upstreams against this CA file instead of the system roots.
-        caller_trust: CA bundles the caller's trust-store variables name, trusted too.
+        caller_trust: CA bundles the caller's trust-store variables name, trusted too
+            (a company proxy that intercepts TLS presents certificates of its own CA).
+        transport: opens the connections under the upstream TLS (the egress proxy's, so
+            that an operator's upstream proxy carries them); direct dials when omitted.
     """
 
     def __init__(
@@ -95,6 +108,7 @@ class InspectLayer:
         *,
         upstream_ca: Any = None,
         caller_trust: Sequence[Path] = (),
+        transport: Transport | None = None,
         handshake_timeout: float = 10.0,
         idle_timeout: float = 120.0,
         response_timeout: float = 300.0,
@@ -105,7 +119,9 @@ class InspectLayer:
         self.ca = ca
         self.audit = audit
         self.contexts = ServerContexts(ca)
-        self.pool = UpstreamPool(upstream_context(upstream_ca, caller_trust))
+        self.transport = transport
+        opener = transport.tls_socket if transport is not None and transport.upstream else None
+        self.pool = UpstreamPool(upstream_context(upstream_ca, caller_trust), opener=opener)
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.response_timeout = response_timeout
@@ -122,6 +138,7 @@ class InspectLayer:
         secrets: SecretStore | None = None,
         environ: Mapping[str, str] | None = None,
         caller_trust: Sequence[Path] = (),
+        transport: Transport | None = None,
     ) -> InspectLayer:
         """The layer for ``policy`` (``secrets``: the store whose placeholders the
         sandbox was given; resolved from ``environ`` when omitted)."""
@@ -132,6 +149,7 @@ class InspectLayer:
             audit,
             upstream_ca=policy.network.upstream_ca,
             caller_trust=caller_trust,
+            transport=transport,
         )
 
     def inspects(self, host: str, port: int) -> bool:
@@ -254,9 +272,9 @@ class InspectingTunnel:
         try:
             if plan.encoding is not None:
                 body = await self._read_encoded(client, stream, plan, record)
-                upstream, up = await self._send_request(plan, req, body)
+                upstream, up = await self._send_request(plan, req, body, record)
             elif _has_body(req):
-                upstream, up = await self._send_request(plan, req, None)
+                upstream, up = await self._send_request(plan, req, None, record)
                 try:
                     await self._stream_body(client, stream, upstream, up, plan, record)
                 except BaseException:
@@ -268,11 +286,12 @@ class InspectingTunnel:
                 end = await _next(client, stream, self.layer.idle_timeout)
                 if not isinstance(end, h11.EndOfMessage):
                     raise Refusal(400, Reason.BAD_REQUEST, "body on a request without length")
-                upstream, up = await self._send_request(plan, req, b"")
+                upstream, up = await self._send_request(plan, req, b"", record)
         except Refusal as refused:
             return await self._refuse(client, stream, record, refused, drain=True)
         except _UpstreamError as exc:
-            failed = Refusal(502, Reason.UPSTREAM_FAILED, str(exc))
+            record.upstream_status = exc.status
+            failed = Refusal(502, exc.reason, str(exc))
             return await self._refuse(client, stream, record, failed, drain=False)
         return await self._relay_response(client, stream, upstream, up, plan, record)
 
@@ -308,13 +327,25 @@ class InspectingTunnel:
         return bytes(body)
 
     async def _send_request(
-        self, plan: RequestPlan, req: h11.Request, body: bytes | None
+        self, plan: RequestPlan, req: h11.Request, body: bytes | None, record: RequestRecord
     ) -> tuple[TLSStream, h11.Connection]:
         """Send the head (and ``body`` when known) upstream; retry once on a stale pool hit."""
         request = h11.Request(method=req.method, target=plan.target.forwarded, headers=plan.headers)
+        transport = self.layer.transport
+        if transport is not None and transport.upstream is not None:
+            via = transport.via(self.host, self.port, parse_address(self.address))
+            if via is not None:
+                record.upstream = via.url
         for attempt in (0, 1):
             try:
                 upstream, reused = await self.layer.pool.acquire(self.host, self.port, self.address)
+                if record.upstream:
+                    # Pooled connections were all opened by a 2xx answer to their CONNECT.
+                    record.upstream_status = 200
+            except UpstreamRefused as exc:
+                raise _UpstreamError(str(exc), Reason.UPSTREAM_REFUSED, exc.status) from None
+            except UpstreamUnreachable as exc:
+                raise _UpstreamError(str(exc), Reason.UPSTREAM_UNREACHABLE) from None
             except ssl.SSLCertVerificationError as exc:
                 raise _UpstreamError(
                     f"upstream certificate not trusted: {exc.verify_message}"

@@ -1,0 +1,41 @@
+"""The operator's upstream proxy: a transport under the decisions, nothing more.
+
+Corporate networks let nothing out except through their proxy. With
+``[network.upstream]`` set, every connection the egress proxy has already decided,
+resolved and classified is opened through that proxy instead of dialled directly:
+
+* :func:`resolve_upstream` — the policy's table made usable once at start (``proxy =
+  "env"`` read from stockade's own environment, credentials from ``auth_file``);
+* :class:`Transport` — the one seam where a vetted destination is opened: a direct
+  dial, a ``CONNECT`` tunnel through the upstream, or (for plain HTTP) a connection to
+  the upstream that carries the request in absolute-form;
+* :class:`UpstreamRefused` / :class:`UpstreamUnreachable` — why a destination could not
+  be opened; never followed by a direct dial;
+* :func:`probe` — what ``stockade doctor`` asks the upstream.
+"""
+
+from stockade.egress.upstream._config import PROXY_VARIABLES as PROXY_VARIABLES
+from stockade.egress.upstream._config import Upstream as Upstream
+from stockade.egress.upstream._config import read_auth_file as read_auth_file
+from stockade.egress.upstream._config import resolve_upstream as resolve_upstream
+from stockade.egress.upstream._probe import probe as probe
+from stockade.egress.upstream._transport import Route as Route
+from stockade.egress.upstream._transport import Transport as Transport
+from stockade.egress.upstream._transport import UpstreamRefused as UpstreamRefused
+from stockade.egress.upstream._transport import UpstreamUnreachable as UpstreamUnreachable
+from stockade.egress.upstream._transport import answer_status as answer_status
+from stockade.egress.upstream._transport import dial as dial
+
+__all__ = [
+    "PROXY_VARIABLES",
+    "Route",
+    "Transport",
+    "Upstream",
+    "UpstreamRefused",
+    "UpstreamUnreachable",
+    "answer_status",
+    "dial",
+    "probe",
+    "read_auth_file",
+    "resolve_upstream",
+]
