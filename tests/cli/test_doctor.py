@@ -36,6 +36,7 @@ def test_doctor_reports_what_this_host_has() -> None:
         "mount API",
         "limits",
         "transparent egress",
+        "upstream proxy",
     }
     assert all(c["ok"] for c in checks.values())
     assert checks["landlock"]["detail"].startswith(f"ABI {_host.landlock_abi()}")

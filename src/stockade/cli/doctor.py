@@ -5,14 +5,81 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``doctor``."""
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument(
+        "--policy", type=Path, metavar="FILE", help="the policy whose upstream proxy to check"
+    )
+    parser.add_argument(
+        "--upstream-proxy", metavar="URL", help="check this upstream proxy instead (as run takes)"
+    )
 
 
-def checks() -> list[dict[str, object]]:
+def upstream_check(policy_path: Path | None = None, url: str | None = None) -> dict[str, object]:
+    """The upstream proxy in force (``[network.upstream]``, ``--upstream-proxy``): which
+    one, whether it answers a CONNECT for an allowed host, and the fix when it does not."""
+    import tempfile
+
+    from stockade._exceptions import PolicyError
+    from stockade.egress.upstream import PROXY_VARIABLES, probe, resolve_upstream
+    from stockade.policy import load_policy
+    from stockade.policy._hosts import ip_literal, parse_pattern
+    from stockade.policy._load import with_upstream_proxy
+
+    check: dict[str, object] = {
+        "name": "upstream proxy",
+        "ok": True,
+        "fix": "",
+        "layers": ["egress"],
+    }
+    try:
+        # A throw-away workspace: doctor runs from anywhere (a home directory is no
+        # workspace), and a workspace file cannot set the upstream anyway.
+        with tempfile.TemporaryDirectory(prefix="stockade-doctor-") as ws:
+            policy = load_policy(policy_path, workspace=Path(ws))
+        if url is not None:
+            policy = with_upstream_proxy(policy, url)
+        upstream = resolve_upstream(policy.network.upstream)
+    except PolicyError as exc:
+        check.update(
+            ok=False,
+            detail=str(exc),
+            fix="correct the setting named above; every run is refused until then",
+        )
+        return check
+    table = policy.network.upstream
+    if upstream is None:
+        if table is not None and table.proxy == "env":
+            check["detail"] = (
+                f'proxy = "env", and none of {", ".join(PROXY_VARIABLES[::2])} is set (or '
+                "NO_PROXY is *): allowed connections are dialled directly"
+            )
+        else:
+            check["detail"] = "none: allowed connections are dialled directly"
+        return check
+    auth = f", credentials from {upstream.auth_file}" if upstream.auth_file else ""
+    shown = f"{upstream.url} (from {upstream.source}, connect by {upstream.connect_by}{auth})"
+    for entry in policy.network.allow:
+        pattern = parse_pattern(entry)
+        if pattern.kind.value != "exact":
+            continue
+        port = pattern.port or 443
+        pin = policy.network.hosts.get(pattern.host)
+        address = ip_literal(pin) if pin is not None else None
+        if address is not None and upstream.direct(pattern.host, port, address):
+            continue
+        result = probe(upstream, pattern.host, port, address)
+        check.update(ok=result.ok, detail=f"{shown}: {result.detail}", fix=result.fix)
+        return check
+    check["detail"] = f"{shown}; no allowed host name to test a CONNECT with"
+    return check
+
+
+def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict[str, object]]:
     """Run every host check; each is a dict with name, ok, detail, fix and layers."""
     from stockade.runtime import _host
 
@@ -116,12 +183,14 @@ def checks() -> list[dict[str, object]]:
             "layers": ["limits"],
         }
     )
+    out.append(upstream_check(policy_path, url))
     return out
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Print the checks; exit 1 when a layer that is on by default cannot be enforced."""
-    results = checks()
+    """Print the checks; exit 1 when a layer that is on by default cannot be enforced (or
+    the upstream proxy in force does not work)."""
+    results = checks(args.policy, args.upstream_proxy)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -2,7 +2,9 @@
 
 The proxy serves HTTP (forward and CONNECT) and SOCKS5 on one listener, allows only the
 hosts of the policy's ``[network]`` section plus ``--allow-host``, and writes one audit
-event per connection and per forwarded request.
+event per connection and per forwarded request. With ``[network.upstream]`` or
+``--upstream-proxy`` every allowed connection is chained through the operator's proxy,
+as in ``stockade run``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional :port)",
     )
     parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file ([network])")
+    parser.add_argument(
+        "--upstream-proxy",
+        metavar="URL",
+        help='chain every allowed connection through this proxy ("http://host:port", or '
+        '"env" for HTTPS_PROXY/NO_PROXY); replaces network.upstream.proxy',
+    )
     parser.add_argument("--audit", type=Path, metavar="FILE", help="append JSONL events here")
     parser.add_argument("--quiet", action="store_true", help="do not print events to stderr")
 
@@ -46,9 +54,15 @@ def execute(args: argparse.Namespace) -> int:
     """Run the proxy until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad listen address."""
     from stockade.audit._log import AuditLog
     from stockade.egress import EgressProxy, EgressRules, bind_listener
+    from stockade.egress.upstream import Transport, resolve_upstream
     from stockade.policy import load_policy
+    from stockade.policy._load import with_upstream_proxy
 
     policy = load_policy(args.policy, workspace=Path.cwd())
+    if args.upstream_proxy is not None:
+        policy = with_upstream_proxy(policy, args.upstream_proxy)
+    # Read once, before listening: a bad setting stops here (exit 125), naming the key.
+    upstream = resolve_upstream(policy.network.upstream)
     rules = EgressRules.from_policy(policy.network, extra_allow=tuple(args.allow_host))
     audit = AuditLog(f"proxy-{uuid.uuid4().hex[:12]}", args.audit)
     try:
@@ -64,11 +78,12 @@ def execute(args: argparse.Namespace) -> int:
         policy_hash=policy.digest(),
         allow_host=list(args.allow_host),
         listen=args.listen,
+        upstream=upstream.url if upstream is not None else None,
     )
     if not args.quiet:
         audit.subscribe(_print_event)
     _raise_fd_limit()
-    proxy = EgressProxy(rules, audit)
+    proxy = EgressProxy(rules, audit, transport=Transport(upstream))
     print(f"stockade proxy: listening on {args.listen}", file=sys.stderr, flush=True)
 
     async def main() -> None:

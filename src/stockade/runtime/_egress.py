@@ -16,6 +16,11 @@ captured and decided like a CONNECT (:mod:`stockade.egress.dns`, ``serve_capture
 
 If the proxy fails, its listener closes and the sandbox has no way out at all: the
 failure is fail-closed by construction, and it is reported in the audit log.
+
+With ``[network.upstream]`` the operator's proxy is resolved here once (``proxy = "env"``
+from stockade's own environment, credentials from ``auth_file``) and one
+:class:`~stockade.egress.upstream.Transport` carries every connection the proxy and the
+inspect layer open; nothing of it enters the sandbox.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from stockade.egress import EgressProxy, EgressRules, proxy_environment
 from stockade.egress._netns import DNS_PORT, sockets_in_netns
 from stockade.egress.approval import ApprovalBroker, RunGate
 from stockade.egress.dns import AddressPool, DnsServer
+from stockade.egress.upstream import Transport, resolve_upstream
 from stockade.enforce.environment import trust_paths
 from stockade.policy import Decision, Policy
 
@@ -139,6 +145,9 @@ class EgressPlan:
         self.rules = (
             approvals.base if approvals is not None else EgressRules.from_policy(policy.network)
         )
+        #: the operator's upstream proxy (None: direct); a bad setting raises PolicyError
+        #: here, before anything starts
+        self.upstream = resolve_upstream(policy.network.upstream)
         self.env = proxy_environment(f"http://127.0.0.1:{PROXY_PORT}")
         self.files: list[tuple[Path, str]] = []
         #: the trust stores the caller's variables name (trusted upstream as well)
@@ -186,17 +195,27 @@ class EgressPlan:
     def proxy(self, audit: AuditLog, argv: Sequence[str] = ()) -> RunProxy:
         """A proxy for one run (``argv``), writing to that run's audit log."""
         inspect = None
+        # One transport for the proxy and the inspect layer: both open their connections
+        # through the operator's upstream proxy, if there is one.
+        transport = Transport(self.upstream)
         if self._ca is not None:
             from stockade.egress.inspect import InspectLayer
 
             inspect = InspectLayer.from_policy(
-                self.policy, self._ca, audit, secrets=self._store, caller_trust=self.caller_trust
+                self.policy,
+                self._ca,
+                audit,
+                secrets=self._store,
+                caller_trust=self.caller_trust,
+                transport=transport,
             )
         pool = AddressPool() if self.transparent else None
         gate = None
         if self.approvals is not None:
             gate = self.approvals.gate(audit.run_id, argv, audit.emit)
-        proxy = EgressProxy(self.rules, audit, inspect=inspect, pool=pool, gate=gate)
+        proxy = EgressProxy(
+            self.rules, audit, inspect=inspect, pool=pool, gate=gate, transport=transport
+        )
         loop = self.loop()
         if gate is not None:
             gate.loop, gate.on_change = loop, proxy.close_failing
