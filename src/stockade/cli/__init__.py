@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"{PROG} {__version__}")
         return 0
-    if args[0] == "run" and os.environ.get("STOCKADE_SERVER") != "0":
+    # A control channel is a descriptor of this process: the run stays here with it.
+    control = any(a.startswith("--control-fd") for a in args)
+    if args[0] == "run" and os.environ.get("STOCKADE_SERVER") != "0" and not control:
         # A warm run server of this user, when one runs and accepts this caller, saves
         # the start-up; otherwise (None) the run happens here, under the same policy.
         from stockade.cli import _client

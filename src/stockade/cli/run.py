@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+#: how ``--ask`` asks about hosts that are not on the allow-list
+ASK_MODES = ("auto", "tty", "never", "control")
 #: option -> (attribute, conversion); the same options add_arguments declares
 _VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--policy": ("policy", Path),
@@ -21,6 +23,9 @@ _VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--workspace": ("workspace", Path),
     "--audit": ("audit", Path),
     "--timeout": ("timeout", float),
+    "--ask": ("ask", lambda v: ASK_MODES[ASK_MODES.index(v)]),
+    "--ask-timeout": ("ask_timeout", float),
+    "--control-fd": ("control_fd", int),
 }
 _LISTS = {"--allow-host": "allow_host", "--disable": "disable"}
 
@@ -38,6 +43,9 @@ def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
         "workspace": None,
         "audit": None,
         "timeout": None,
+        "ask": "auto",
+        "ask_timeout": None,
+        "control_fd": None,
         "allow_host": [],
         "disable": [],
         "command": [],
@@ -125,8 +133,98 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kill the whole sandbox after S seconds (exit 124)",
     )
     parser.add_argument(
+        "--ask",
+        choices=ASK_MODES,
+        default="auto",
+        help="ask about hosts not on the allow-list: on the terminal (tty), over "
+        "--control-fd (control), never; auto: the terminal when there is one (see "
+        "docs/approval.md)",
+    )
+    parser.add_argument(
+        "--ask-timeout",
+        type=float,
+        metavar="S",
+        help="seconds an answer may take, then denied (default 120; control: 30)",
+    )
+    parser.add_argument(
+        "--control-fd",
+        type=int,
+        metavar="N",
+        help="one end of a socketpair: the harness's control channel (asks out, answers "
+        "and live updates in, NDJSON); implies --ask control",
+    )
+    parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="the command and its arguments, after --"
     )
+
+
+def _approval(
+    args: argparse.Namespace | SimpleNamespace, policy: Any, command: list[str]
+) -> tuple[Any, Any]:
+    """The run's approval broker and control channel, from ``--ask``; (False, None) after
+    a usage error was printed; (None, None) when nobody is asked (no broker needed)."""
+    mode = "control" if args.control_fd is not None else args.ask
+    if args.ask_timeout is not None and not 0 < args.ask_timeout < float("inf"):
+        print(
+            f"stockade run: --ask-timeout {args.ask_timeout:g}: must be a positive number",
+            file=sys.stderr,
+        )
+        return False, None
+    if mode == "never" or not policy.layers.egress or policy.network.strict:
+        return None, None
+    from stockade.api import _broker
+
+    if mode == "control":
+        if args.control_fd is None or args.control_fd < 3:
+            print(
+                "stockade run: --ask control needs --control-fd N (3 or more): one end of a "
+                "socketpair the harness made",
+                file=sys.stderr,
+            )
+            return False, None
+        import os
+        import stat
+
+        try:
+            if not stat.S_ISSOCK(os.fstat(args.control_fd).st_mode):
+                raise OSError("not a socket")
+        except OSError as exc:
+            print(f"stockade run: --control-fd {args.control_fd}: {exc}", file=sys.stderr)
+            return False, None
+        from stockade.egress.approval._control import ControlChannel
+
+        channel = ControlChannel(args.control_fd)
+        broker = _broker(policy, channel, args.ask_timeout or 30.0)
+        if not channel.start(broker):
+            print("stockade: the control channel sent no hello; nothing is asked", file=sys.stderr)
+        return broker, channel
+    from stockade.approvers import tty
+
+    prompt = tty()
+    if not prompt.available():
+        if mode == "tty":
+            print("stockade run: --ask tty: no terminal to ask on", file=sys.stderr)
+            return False, None
+        # auto without a terminal: denied as before, but each denial says why.
+        return _broker(policy, _NoTerminal(), args.ask_timeout or 120.0), None
+    return _broker(policy, prompt, args.ask_timeout or 120.0), None
+
+
+class _NoTerminal:
+    """``--ask auto`` without a terminal: every ask is ``approval-unavailable``."""
+
+    channel = "tty"
+
+    def available(self) -> bool:
+        return False
+
+    def answered_by(self) -> str:
+        return "tty:none"
+
+    async def ask(self, request: Any) -> None:
+        from stockade.egress.approval import Unanswerable
+
+        raise Unanswerable("no terminal")
 
 
 def execute(args: argparse.Namespace | SimpleNamespace) -> int:
@@ -170,6 +268,9 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         )
     if args.disable:
         policy = replace(policy, layers=policy.layers.without(*args.disable))
+    approval, channel = _approval(args, policy, command)
+    if approval is False:
+        return 2
     for warning in policy.warnings:
         print(f"stockade: warning: {warning}", file=sys.stderr)
     result = run(
@@ -179,8 +280,11 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             audit_path=args.audit,
             timeout=args.timeout,
             forward_signals=True,
+            approval=approval,
         )
     )
+    if channel is not None:
+        channel.close()
     denials = result.denials
     if denials:
         counts: dict[str, int] = {}

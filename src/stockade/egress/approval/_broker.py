@@ -506,15 +506,13 @@ class RunGate:
             verdict = rules.rules.check_address(host, port, literal)
             if not verdict.decision.allowed:
                 return verdict.decision
-        refused = rules.refusal(host, port)
-        if refused is not None:
-            return refused
-        if not rules.askable:
-            return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
         broker = self.broker
         asker = broker.asker
         if asker is None or broker.strict:
             return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
+        refused = rules.refusal(host, port)
+        if refused is not None:
+            return refused
         key = (host, port)
         waiting = self._pending.get(key)
         if waiting is not None:
