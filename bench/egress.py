@@ -9,7 +9,11 @@ Measures, all on loopback:
 * transparent capture beside CONNECT: tunnel throughput and the p50 of a small request
   on a fresh tunnel, opened by CONNECT or by connecting to the synthetic address that
   stockade's resolver hands out (the capture listener here sits on the host's loopback at
-  that address, as it sits on the sandbox's).
+  that address, as it sits on the sandbox's);
+* stockade chained through squid (``[network.upstream]``) beside squid alone, in turns:
+  tunnel throughput, the p50 of a small request on a fresh tunnel and of a forward
+  request. stockade sends loopback destinations direct; here the upstream's one check
+  that says so is switched off, so that loopback stands in for the company network.
 
 The upstream servers and each proxy run in their own processes so that no measurement
 shares a GIL with what it measures. squid is installed with apt-get (as root) and srt with
@@ -115,7 +119,7 @@ sys.stdin.read()
 
 # stockade's proxy in its own process, with the test name pinned to loopback.
 STOCKADE = r"""
-import asyncio, resource, socket, sys
+import asyncio, os, resource, socket, sys
 from stockade.egress import EgressProxy, EgressRules
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -128,7 +132,17 @@ def audit(decision, fields):
     count += 1
 pool = AddressPool()
 synthetic = str(pool.issue("allowed.test"))
-proxy = EgressProxy(rules, audit, pool=pool)
+transport = None
+if os.environ.get("STOCKADE_BENCH_UPSTREAM"):  # chained through squid on this port
+    from stockade.egress.upstream import Transport, Upstream
+    class Chained(Upstream):
+        __slots__ = ()
+        def direct(self, host, port, address):
+            return False  # loopback stands in for the company network here
+    upstream = Chained("127.0.0.1", int(os.environ["STOCKADE_BENCH_UPSTREAM"]),
+                       connect_by="name")
+    transport = Transport(upstream)
+proxy = EgressProxy(rules, audit, pool=pool, transport=transport)
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(4096)
@@ -351,6 +365,31 @@ def transparent_vs_connect(
     return result
 
 
+def chained_vs_squid(
+    squid_via: Via, chained: Via, ports: list[int], size: int, samples: int, rounds: int = 3
+) -> dict[str, Any]:
+    """stockade chained through squid beside squid alone, in turns (one moment for both)."""
+    source, http, _ = ports
+    best: dict[str, float] = {"squid": 0.0, "chained": 0.0}
+    tunnel_p50s: dict[str, list[float]] = {"squid": [], "chained": []}
+    forward_p50s: dict[str, list[float]] = {"squid": [], "chained": []}
+    for _ in range(rounds):
+        for label, proxy in (("squid", squid_via), ("chained", chained)):
+            best[label] = max(best[label], tunnel_throughput(proxy, source, size))
+            tunnel_p50s[label].append(tunnel_latency(proxy, http, samples))
+            forward_p50s[label].append(latency(proxy, http, samples)[0])
+    result = {
+        label: {
+            "tunnel_GBps": round(best[label] / 1e9, 3),
+            "tunnel_p50_ms": round(statistics.median(tunnel_p50s[label]), 3),
+            "forward_p50_ms": round(statistics.median(forward_p50s[label]), 3),
+        }
+        for label in best
+    }
+    print(f"chained vs squid: {result}", file=sys.stderr, flush=True)
+    return result
+
+
 def concurrent(proxy: Via, port: int, pid: int, count: int, hold: float) -> dict[str, Any]:
     socks: list[socket.socket] = []
     errors = 0
@@ -494,8 +533,19 @@ def main() -> int:
             with squid(binary) as (port, pid):
                 out["squid"] = run_suite("squid", Via(port), ports, size, args.requests)
                 out["squid"]["rss_kib"] = rss_kib(pid)
+                chain_env = {**env, "STOCKADE_BENCH_UPSTREAM": str(port)}
+                with process(
+                    [sys.executable, "-c", STOCKADE], stdout=subprocess.PIPE, env=chain_env
+                ) as chained:
+                    assert chained.stdout is not None
+                    chained_port = int(chained.stdout.readline().split()[0])
+                    wait_port(chained_port)
+                    out["chained"] = chained_vs_squid(
+                        Via(port), Via(chained_port), ports, size, args.requests
+                    )
         else:
             out["squid"] = None
+            out["chained"] = None
         out["srt"] = None
         with tempfile.TemporaryDirectory(prefix="stockade-srt-") as tmp:
             srt = install_srt(Path(tmp))
@@ -532,6 +582,16 @@ def main() -> int:
         "added_p50_le_0.5ms": ratios["added_p50_ms"] <= 0.5,
         "concurrent_no_error": s["concurrent"]["errors"] == 0,
     }
+    if out["chained"]:
+        c, q = out["chained"]["chained"], out["chained"]["squid"]
+        ratios["chained_vs_squid_tunnel"] = round(c["tunnel_GBps"] / q["tunnel_GBps"], 3)
+        ratios["chained_added_tunnel_p50_ms"] = round(c["tunnel_p50_ms"] - q["tunnel_p50_ms"], 3)
+        ratios["chained_added_forward_p50_ms"] = round(c["forward_p50_ms"] - q["forward_p50_ms"], 3)
+        targets["chained_tunnel_within_10pct_of_squid"] = ratios["chained_vs_squid_tunnel"] >= 0.9
+        targets["chained_added_p50_le_0.5ms"] = (
+            ratios["chained_added_tunnel_p50_ms"] <= 0.5
+            and ratios["chained_added_forward_p50_ms"] <= 0.5
+        )
     t = out["tunnels"]
     ratios["transparent_vs_connect_tunnel"] = round(
         t["transparent"]["tunnel_GBps"] / t["connect"]["tunnel_GBps"], 3
