@@ -26,6 +26,7 @@ _VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--ask": ("ask", lambda v: ASK_MODES[ASK_MODES.index(v)]),
     "--ask-timeout": ("ask_timeout", float),
     "--control-fd": ("control_fd", int),
+    "--upstream-proxy": ("upstream_proxy", str),
 }
 _LISTS = {"--allow-host": "allow_host", "--disable": "disable"}
 
@@ -46,6 +47,7 @@ def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
         "ask": "auto",
         "ask_timeout": None,
         "control_fd": None,
+        "upstream_proxy": None,
         "allow_host": [],
         "disable": [],
         "command": [],
@@ -131,6 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="kill the whole sandbox after S seconds (exit 124)",
+    )
+    parser.add_argument(
+        "--upstream-proxy",
+        metavar="URL",
+        help='chain every allowed connection through this proxy ("http://host:port", or '
+        '"env" for HTTPS_PROXY/NO_PROXY); replaces network.upstream.proxy',
     )
     parser.add_argument(
         "--ask",
@@ -266,6 +274,10 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         policy = load_policy(
             args.policy, workspace=args.workspace, extra_allow=tuple(args.allow_host)
         )
+    if args.upstream_proxy is not None:
+        from stockade.policy._load import with_upstream_proxy
+
+        policy = with_upstream_proxy(policy, args.upstream_proxy)
     if args.disable:
         policy = replace(policy, layers=policy.layers.without(*args.disable))
     approval, channel = _approval(args, policy, command)
