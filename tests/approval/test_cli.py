@@ -248,10 +248,12 @@ def test_control_channel_driven_by_a_harness(world: World, ok_server: int) -> No
     )
     result = json.loads(r.stdout)
     seen = result["seen"]
-    assert seen[0]["type"] == "hello" and seen[0]["protocol"] == "stockade-control/1"
+    assert seen[0]["type"] == "hello"
+    assert seen[0]["protocol"] == "stockade-control/1"
     acks = {m["id"]: m for m in seen if m["type"] == "ack"}
     assert acks["u0"]["ok"] is False  # "*" is refused: a delta can never open everything
-    assert acks["u1"]["ok"] is True and acks["u1"]["policy_generation"] > 1
+    assert acks["u1"]["ok"] is True
+    assert acks["u1"]["policy_generation"] > 1
     asks = [m["host"] for m in seen if m["type"] == "ask"]
     assert asks == ["a.test", "b.test"]  # after u1, b.test passes without asking
     fds, a, b1, b2 = result["out"].splitlines()[:4]

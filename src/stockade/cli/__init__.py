@@ -37,6 +37,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
     "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
     "server": ("stockade.cli.server", "keep a warm run server that makes 'run' start faster"),
+    "approvals": ("stockade.cli.approvals", 'list or revoke the hosts answered "always"'),
 }
 
 PROG = "stockade"

@@ -119,6 +119,21 @@ def format_event(event: Event) -> str:
         target = f"{target} ({event['type']} query)"
     elif event.get("mode") == "transparent":
         target = f"{target} (captured)"
+    # An ask, its answer and the connections it decided carry one ask id: shown side by
+    # side, so that a reader sees who let a connection through (or refused it).
+    ask = event.get("ask_id") or _ask_of(str(event.get("rule", "")))
+    if ask:
+        extra = ""
+        if event.get("event") == "answer":
+            extra = f" {event.get('scope', '')} by {event.get('answered_by') or '-'}"
+        elif event.get("event") == "ask":
+            extra = f" via {event.get('channel', '-')}, {event.get('waiting', 1)} waiting"
+        target = f"{target} [ask {ask}{extra}]"
+    elif event.get("event") == "policy_change":
+        changes = [*event.get("add", []), *(f"revoke {r}" for r in event.get("remove", []))]
+        target = (
+            f"generation {event.get('generation')}: {', '.join(changes)} ({event.get('source')})"
+        )
     fields = [
         _when(event),
         str(event.get("run_id", "-")),
@@ -131,6 +146,14 @@ def format_event(event: Event) -> str:
     text = f"{when}  {run:<12}  {kind:<10} {layer:<9} {verdict:<6} {reason:<18} {target}".rstrip()
     # A target comes from the sandbox (paths, host names): keep one event on one line.
     return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _ask_of(rule: str) -> str:
+    """The ask id in a decision's rule (``grant:a3``, ``ask:a3``), if any."""
+    for prefix in ("grant:a", "ask:a"):
+        if rule.startswith(prefix) and rule[len(prefix) :].isdigit():
+            return rule.split(":", 1)[1]
+    return ""
 
 
 def _emit(event: Event, as_json: bool) -> None:

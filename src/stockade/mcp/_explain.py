@@ -29,6 +29,17 @@ _HINTS: dict[str, str] = {
     "address-self": "{host} is this host's own address; it is never reachable",
     "resolve-failed": "{host} did not resolve; check the spelling",
     "bad-hostname": "{host} is not a valid host name",
+    "user-denied": (
+        "the user refused {host}; do not retry it or route around the sandbox; ask the user"
+    ),
+    "approval-timeout": "nobody answered the request for {host}; ask the user before retrying",
+    "approval-unavailable": (
+        "{host} is not in network.allow and nobody could be asked; ask the user to add it "
+        "(stockade approvals, or their policy)"
+    ),
+    "approval-error": "the approval of {host} failed; ask the user to add it to their policy",
+    "approval-limit": "too many hosts are waiting for approval; ask the user, then retry",
+    "host-revoked": "access to {host} was revoked while the connection was open; ask the user",
     "upstream-refused": (
         "the network's upstream proxy refused {target} (its status is in the event); "
         "this is the operator's proxy, not the policy: ask the user"
