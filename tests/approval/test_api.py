@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_run_asks_and_allows_for_the_run(world: World, ok_server: int) -> None:
     ],
 )
 def test_denials_are_audited(world: World, ok_server: int, answer: object, reason: str) -> None:
-    def approver(request: AccessRequest) -> object:
+    def approver(request: AccessRequest) -> Any:
         if answer == "slow":
             time.sleep(2)
             return True

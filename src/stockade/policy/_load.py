@@ -74,7 +74,7 @@ def read_approved(path: Path) -> list[dict[str, Any]]:
         for i, table in enumerate(tables):
             pattern = table.get("pattern") if isinstance(table, dict) else None
             if not isinstance(pattern, str):
-                raise PolicyError(f"{path}: {action}[{i}]: an entry needs pattern = \"HOST\"")
+                raise PolicyError(f'{path}: {action}[{i}]: an entry needs pattern = "HOST"')
             _check_host_pattern(pattern, f"{action}[{i}]", str(path))
             entry = {k: (str(v) if k == "added" else v) for k, v in table.items()}
             out.append({**entry, "action": action})
