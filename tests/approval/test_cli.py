@@ -141,6 +141,8 @@ def test_no_terminal_means_approval_unavailable(world: World, ok_server: int) ->
             "-m",
             "stockade",
             "run",
+            "--ask",
+            "tty",
             "--policy",
             str(setup(world)),
             "--audit",
@@ -163,35 +165,40 @@ def test_no_terminal_means_approval_unavailable(world: World, ok_server: int) ->
     assert r.returncode != 0
     reasons = {e.get("reason") for e in audit_events(audit) if e.get("verdict") == "deny"}
     assert "approval-unavailable" in reasons
-    # The twin: --ask never keeps today's denial.
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            "--ask",
-            "never",
-            "--policy",
-            str(setup(world)),
-            "--audit",
-            str(audit),
-            "--",
-            "curl",
-            "-fsS",
-            "-m",
-            "10",
-            f"http://a.test:{ok_server}/",
-        ],
-        cwd=world.workspace,
-        env=dict(world.env, STOCKADE_SERVER="0"),
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        timeout=60,
-        check=False,
-    )
-    assert r.returncode != 0
+    # The twins: auto without a terminal, and never, keep today's denial.
+    for mode in ("auto", "never"):
+        audit.unlink()
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stockade",
+                "run",
+                "--ask",
+                mode,
+                "--policy",
+                str(setup(world)),
+                "--audit",
+                str(audit),
+                "--",
+                "curl",
+                "-fsS",
+                "-m",
+                "10",
+                f"http://a.test:{ok_server}/",
+            ],
+            cwd=world.workspace,
+            env=dict(world.env, STOCKADE_SERVER="0"),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            timeout=60,
+            check=False,
+        )
+        assert r.returncode != 0
+        reasons = {e.get("reason") for e in audit_events(audit) if e.get("verdict") == "deny"}
+        assert reasons == {"host-not-allowed"}
+        assert not [e for e in audit_events(audit) if e["event"] == "ask"]
 
 
 HARNESS = textwrap.dedent(

@@ -210,10 +210,9 @@ def _approval(
 
     prompt = tty()
     if not prompt.available():
-        if mode == "tty":
-            print("stockade run: --ask tty: no terminal to ask on", file=sys.stderr)
-            return False, None
-        # auto without a terminal: denied as before, but each denial says why.
+        if mode == "auto":
+            return None, None  # no terminal: denied as without asking (host-not-allowed)
+        # --ask tty without a terminal: each off-list request is denied, and says why.
         return _broker(policy, _NoTerminal(), args.ask_timeout or 120.0), None
     return _broker(policy, prompt, args.ask_timeout or 120.0), None
 

@@ -286,3 +286,26 @@ def test_live_changes_are_bounded(gated: Callable[..., Gated]) -> None:
     assert g.gate.current().check_name("ok.test", 443).allowed
     g.broker.update(deny=["ok.test"])  # deny wins over the grant
     assert not g.gate.current().check_name("ok.test", 443).allowed
+
+
+def test_resolver_answers_askable_names_without_any_lookup() -> None:
+    """With asking on, a name not on the allow-list gets a synthetic address (so a client
+    that ignores proxy variables reaches the ask when it connects); a denied name never
+    does, nor does anything once asking is off."""
+    from stockade.egress.dns import AddressPool, DnsServer
+    from stockade.runtime._egress import _live_rules
+    from tests.egress.dns import wire
+    from tests.egress.dns.conftest import ask
+
+    rules = EgressRules(allow=("base.test",), deny=("denied.test",))
+    broker = ApprovalBroker(rules, asker=lambda request: False, timeout=1)
+    gate = broker.gate("r1", (), lambda *a, **k: {})
+    server = DnsServer(rules, AddressPool(), lambda *a: None, live=_live_rules(gate))
+    assert ask(server, wire.query("new.test")).rcode == wire.NOERROR
+    assert ask(server, wire.query("base.test")).rcode == wire.NOERROR
+    assert ask(server, wire.query("denied.test")).rcode == wire.NXDOMAIN
+    strict = ApprovalBroker(rules, asker=lambda request: False, timeout=1, strict=True)
+    gate = strict.gate("r2", (), lambda *a, **k: {})
+    server = DnsServer(rules, AddressPool(), lambda *a: None, live=_live_rules(gate))
+    assert ask(server, wire.query("new.test")).rcode == wire.NXDOMAIN
+    assert ask(server, wire.query("base.test")).rcode == wire.NOERROR

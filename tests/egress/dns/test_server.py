@@ -250,8 +250,9 @@ EXFIL = [
 
 
 def test_server_has_no_resolver() -> None:
-    # The only inputs are the rules, the pool and the event sink: nothing to look up with.
-    assert list(inspect.signature(DnsServer).parameters) == ["rules", "pool", "emit"]
+    # The only inputs are the rules (also as a live view of a sandbox whose rules change),
+    # the pool and the event sink: nothing to look up with.
+    assert list(inspect.signature(DnsServer).parameters) == ["rules", "pool", "emit", "live"]
     source = inspect.getsource(server_module)
     for call in ("getaddrinfo", "gethostbyname", "resolve(", "open_connection"):
         assert call not in source
