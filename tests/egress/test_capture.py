@@ -229,5 +229,6 @@ def test_http_capture_refuses_a_host_header_naming_another_host(
     conn.close()
     request = h.last("net_request")
     assert request.reason == "bad-request"
+    assert (request.fields["host"], request.fields["port"]) == ("web.test", 80)
     assert "other.test" in str(request.fields.get("detail", request.decision.detail))
     assert origin80.requests == []

@@ -74,6 +74,28 @@ def test_forward_get_allowed_and_keep_alive(
     assert connects[0].fields["requests"] == 2
 
 
+def test_a_connection_whose_request_was_refused_does_not_name_its_host(
+    make_proxy: MakeProxy, origin: RecordingHTTPServer
+) -> None:
+    proxy = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=TIMEOUT)
+    conn.request("GET", f"http://evil.test:{origin.port}/")
+    assert conn.getresponse().status == 403
+    conn.close()
+    (request,) = proxy.wait_events("net_request", 1)
+    assert (request.reason, request.fields["host"]) == ("host-not-allowed", "evil.test")
+    (connection,) = proxy.wait_events("net_connect", 1)
+    # The refusal is the request's event; the connection presents no host as allowed.
+    assert connection.fields["host"] == ""
+    # Its twin: a connection whose request went through names the host it reached.
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=TIMEOUT)
+    conn.request("GET", f"http://allowed.test:{origin.port}/")
+    assert conn.getresponse().status == 200
+    conn.close()
+    connects = proxy.wait_events("net_connect", 2)
+    assert connects[1].fields["host"] == "allowed.test"
+
+
 def test_forward_strips_proxy_and_hop_by_hop_headers(
     make_proxy: MakeProxy, origin: RecordingHTTPServer
 ) -> None:

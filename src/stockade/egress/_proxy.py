@@ -911,7 +911,10 @@ class EgressProxy:
                 record.bytes_up += request_record.bytes_up
                 record.bytes_down += request_record.bytes_down
                 record.extra["requests"] = record.extra.get("requests", 0) + 1
-                if not record.host:
+                allowed = request_record.decision is not None and request_record.decision.allowed
+                if not record.host and allowed:
+                    # The connection names the first host it reached; a refused request
+                    # is in its own net_request event, not presented as allowed here.
                     record.host, record.port = request_record.host, request_record.port
                 self._emit("net_request", request_record)
             if not keep:
@@ -967,6 +970,9 @@ class EgressProxy:
         record.extra["method"] = request.method.decode("ascii", "replace")
         if origin is not None:
             record.extra["mode"] = "transparent"
+            # Named from the start: a refused request (a Host naming another host) is
+            # audited with the address's name, not an empty host.
+            record.host, record.port = origin
         try:
             if origin is None:
                 target = _http.parse_forward_target(request.target)
