@@ -24,6 +24,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "check": ("stockade.cli.check", "validate a policy and print the effective policy"),
     "doctor": ("stockade.cli.doctor", "report which layers this host can enforce, and fixes"),
     "proxy": ("stockade.cli.proxy", "run the egress proxy on its own"),
+    "gateway": (
+        "stockade.cli.gateway",
+        "serve as the egress gateway of a Kubernetes cluster's sandbox pods",
+    ),
     "explain": (
         "stockade.cli.explain",
         "what a policy still lets through, and its deliberate exceptions",

@@ -31,6 +31,7 @@ class Reason(enum.StrEnum):
     ADDRESS_NOT_PUBLIC = "address-not-public"
     ADDRESS_METADATA = "address-metadata"
     ADDRESS_SELF = "address-self"
+    ADDRESS_CLUSTER = "address-cluster"
     RESOLVE_FAILED = "resolve-failed"
     BAD_HOSTNAME = "bad-hostname"
     BAD_REQUEST = "bad-request"
@@ -52,6 +53,16 @@ class Reason(enum.StrEnum):
     UPSTREAM_REFUSED = "upstream-refused"
     #: the operator's upstream proxy could not be reached; nothing was dialled directly
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    # gateway identity (who is connecting, before any egress rule)
+    UNKNOWN_PEER = "unknown-peer"
+    POD_NOT_RUNNING = "pod-not-running"
+    POD_GONE = "pod-gone"
+    IDENTITY_STALE = "identity-stale"
+    CREDENTIAL_MISSING = "credential-missing"
+    CREDENTIAL_INVALID = "credential-invalid"
+    CREDENTIAL_MISMATCH = "credential-mismatch"
+    POLICY_UNKNOWN = "policy-unknown"
+    POLICY_NOT_PERMITTED = "policy-not-permitted"
     # inspect
     HOST_MISMATCH = "host-mismatch"
     AMBIGUOUS_PATH = "ambiguous-path"

@@ -27,6 +27,7 @@ from stockade.policy._model import (
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
+    KubernetesPolicy,
     Labels,
     LayersPolicy,
     LimitsPolicy,
@@ -567,6 +568,8 @@ def _build(
         {**raw, "network": net}, v, effective_allow, cwd
     )
 
+    kubernetes = _kubernetes_block(raw.get("kubernetes", {}), v)
+
     # --- limits -----------------------------------------------------------------
     d = LimitsPolicy()
     limits = LimitsPolicy(
@@ -592,6 +595,7 @@ def _build(
         layers=layers,
         secrets=secrets,
         labels=labels,
+        kubernetes=kubernetes,
         sources=(source,),
         notes=tuple(notes),
         warnings=_warnings(allow),
@@ -700,6 +704,9 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         ),
         secrets=base.secrets,
         labels=labels,
+        # Where the gateway may apply a policy is the operator's to say, never a
+        # workspace file's: the base's table stands.
+        kubernetes=base.kubernetes,
         sources=base.sources + ws.sources,
         notes=base.notes + ws.notes,
         warnings=_warnings(
@@ -712,6 +719,44 @@ _WIDEN_FIX = (
     "a policy inside the workspace can only tighten the user policy (the sandbox can write "
     "it); add this to ~/.config/stockade/policy.toml or pass the file with --policy"
 )
+
+
+# --- [kubernetes] ------------------------------------------------------------------------
+
+#: a DNS-1123 label: namespace and service account names
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _kubernetes_block(table: Mapping[str, Any], v: _Validator) -> KubernetesPolicy:
+    """Validate ``[kubernetes]``: names that cannot exist in a cluster are refused here,
+    so that a typo does not silently leave a policy usable by nobody (or everybody)."""
+    namespaces = v.strs("kubernetes.namespaces", table.get("namespaces", []))
+    for i, name in enumerate(namespaces):
+        if name != "*" and not _DNS_LABEL.match(name):
+            raise v.fail(
+                f"kubernetes.namespaces[{i}]",
+                name,
+                'not a namespace name (DNS-1123 label: lower case, digits, "-", at most '
+                '63 characters); write "*" for every namespace',
+            )
+    if "*" in namespaces and len(namespaces) > 1:
+        raise v.fail("kubernetes.namespaces", list(namespaces), '"*" already names every namespace')
+    accounts = v.strs("kubernetes.service_accounts", table.get("service_accounts", []))
+    for i, entry in enumerate(accounts):
+        parts = entry.split("/")
+        if len(parts) > 2 or not all(_DNS_LABEL.match(p) for p in parts):
+            raise v.fail(
+                f"kubernetes.service_accounts[{i}]",
+                entry,
+                'write a service account as "name" or "namespace/name" (DNS-1123 labels)',
+            )
+    if accounts and not namespaces:
+        raise v.fail(
+            "kubernetes.service_accounts",
+            list(accounts),
+            "applies only within kubernetes.namespaces, which is empty; list the namespaces",
+        )
+    return KubernetesPolicy(namespaces, accounts)
 
 
 # --- [network.upstream] -----------------------------------------------------------------

@@ -173,6 +173,37 @@ class NetworkPolicy:
 
 
 @record
+class KubernetesPolicy:
+    """``[kubernetes]``: which pods ``stockade gateway serve`` may apply this policy to.
+
+    A pod names its policy in an annotation that whoever creates claims can write: the
+    policy itself says where it may be used, so a claim cannot pick a wider one. Empty
+    ``namespaces`` means no pod at all (``["*"]`` is every namespace, written out).
+    """
+
+    #: namespaces whose pods may use this policy; ``"*"`` for all
+    namespaces: tuple[str, ...] = ()
+    #: service accounts (``name`` or ``namespace/name``) whose pods may; empty: any
+    service_accounts: tuple[str, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        """True when the table says anything (it then enters the policy's digest)."""
+        return bool(self.namespaces or self.service_accounts)
+
+    def permits(self, namespace: str, service_account: str) -> bool:
+        """Whether a pod in ``namespace`` running as ``service_account`` may use it."""
+        if "*" not in self.namespaces and namespace not in self.namespaces:
+            return False
+        if not self.service_accounts:
+            return True
+        return (
+            service_account in self.service_accounts
+            or f"{namespace}/{service_account}" in self.service_accounts
+        )
+
+
+@record
 class LimitsPolicy:
     """``[limits]``: resource caps. 0 means unlimited for the time limits."""
 
@@ -220,6 +251,8 @@ class Policy:
     secrets: tuple[BoundSecret, ...] = ()
     #: labelled data (``[labels]``)
     labels: Labels = field(default_factory=Labels)
+    #: where the gateway may apply it (``[kubernetes]``)
+    kubernetes: KubernetesPolicy = field(default_factory=KubernetesPolicy)
     #: where each part came from, most general first ("built-in", a user file, ...)
     sources: tuple[str, ...] = ("built-in",)
     #: notes found while loading (paths whose real location differs from their spelling)
@@ -293,6 +326,11 @@ class Policy:
                 "secret_files": list(self.labels.secret_files),
                 "secret_env": list(self.labels.secret_env),
                 "canaries": list(self.labels.canaries),
+            }
+        if self.kubernetes.configured:
+            data["kubernetes"] = {
+                "namespaces": list(self.kubernetes.namespaces),
+                "service_accounts": list(self.kubernetes.service_accounts),
             }
         return data
 

@@ -120,6 +120,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "canaries": Key("strs", "[]", "canary tokens that never leave"),
     },
     # --- end inspect ---
+    "kubernetes": {
+        "namespaces": Key(
+            "k8s_names",
+            "[]",
+            "namespaces whose pods `stockade gateway serve` may apply this policy to "
+            '(named by their stockade.dev/policy annotation); ["*"] for all; empty: none',
+        ),
+        "service_accounts": Key(
+            "k8s_names",
+            "[]",
+            'and only pods running as one of these service accounts ("name" or '
+            '"namespace/name"); empty: any',
+        ),
+    },
     "layers": {
         name: Key("bool", "true", help_)
         for name, help_ in (
