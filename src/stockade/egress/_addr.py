@@ -14,7 +14,14 @@ import ipaddress
 import threading
 from pathlib import Path
 
-__all__ = ["METADATA_ADDRESSES", "AddressClass", "IPAddress", "classify", "local_addresses"]
+__all__ = [
+    "METADATA_ADDRESSES",
+    "AddressClass",
+    "ClusterRanges",
+    "IPAddress",
+    "classify",
+    "local_addresses",
+]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -34,6 +41,8 @@ class AddressClass(enum.StrEnum):
     METADATA = "metadata"
     DOCUMENTATION = "documentation"
     SELF = "self"
+    #: the gateway's own cluster: API server, pod and service ranges, nodes, link-local
+    CLUSTER = "cluster"
 
 
 #: Cloud instance-metadata and similar endpoints; refused even inside an allowed range.
@@ -69,6 +78,46 @@ _DOCUMENTATION = (
 _NAT64 = (_N("64:ff9b::/96"), _N("64:ff9b:1::/48"))
 _LINK_LOCAL = (_N("169.254.0.0/16"), _N("fe80::/10"))
 _THIS_NETWORK = _N("0.0.0.0/8")
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ClusterRanges:
+    """The addresses of the cluster a gateway runs in: refused like metadata endpoints.
+
+    A gateway shares its network with what it protects, so a NetworkPolicy cannot tell
+    its own API traffic from a sandbox's: the API server, the pod and service ranges,
+    the nodes and link-local are refused unless an allow entry names them by address.
+    ``networks`` are fixed (``--cluster-cidrs``); :meth:`add` records addresses learnt
+    while running (node addresses seen in pods' ``status.hostIP``).
+    """
+
+    def __init__(
+        self, networks: tuple[IPNetwork, ...] = (), addresses: frozenset[IPAddress] = frozenset()
+    ) -> None:
+        self.networks = tuple(networks)
+        self._addresses: set[IPAddress] = set(addresses)
+
+    def add(self, address: IPAddress) -> bool:
+        """Refuse ``address`` from now on; True when it is new."""
+        if address in self._addresses:
+            return False
+        self._addresses.add(address)
+        return True
+
+    def __contains__(self, address: object) -> bool:
+        if address in self._addresses:
+            return True
+        return any(
+            address in n
+            for n in self.networks
+            if isinstance(address, ipaddress.IPv4Address | ipaddress.IPv6Address)
+            and n.version == address.version
+        )
+
+    def __repr__(self) -> str:
+        return f"ClusterRanges({[str(n) for n in self.networks]}, {len(self._addresses)} addresses)"
+
 
 _local_lock = threading.Lock()
 _local_cache: frozenset[IPAddress] | None = None
@@ -134,8 +183,13 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | No
     return None
 
 
-def classify(address: IPAddress, local: frozenset[IPAddress] | None = None) -> AddressClass:
-    """Classify one address; ``local`` defaults to :func:`local_addresses`."""
+def classify(
+    address: IPAddress,
+    local: frozenset[IPAddress] | None = None,
+    cluster: ClusterRanges | None = None,
+) -> AddressClass:
+    """Classify one address; ``local`` defaults to :func:`local_addresses`; ``cluster``
+    (a gateway's) is checked before everything but metadata, loopback included."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.scope_id is not None:
             address = ipaddress.IPv6Address(address.compressed.split("%")[0])
@@ -145,9 +199,11 @@ def classify(address: IPAddress, local: frozenset[IPAddress] | None = None) -> A
             return AddressClass.LOOPBACK
         embedded = _embedded_ipv4(address)
         if embedded is not None:
-            return classify(embedded, local)
+            return classify(embedded, local, cluster)
     if address in METADATA_ADDRESSES:
         return AddressClass.METADATA
+    if cluster is not None and address in cluster:
+        return AddressClass.CLUSTER
     if isinstance(address, ipaddress.IPv4Address):
         if address == ipaddress.IPv4Address(0):
             return AddressClass.UNSPECIFIED

@@ -229,7 +229,8 @@ class EgressProxy:
         self._ruleset: RuleSet | None = None
         #: what each open connection's task was let through to, for revocation
         self._targets: dict[asyncio.Task[None], tuple[str, int]] = {}
-        self._revoked: set[asyncio.Task[None]] = set()
+        #: connections closed on purpose, with the decision their event records
+        self._revoked: dict[asyncio.Task[None], Decision] = {}
         #: where vetted destinations are opened: directly, or through an upstream proxy
         self.transport = transport or Transport(connect_timeout=connect_timeout)
         #: the synthetic addresses of stockade's resolver (transparent capture), if any
@@ -282,8 +283,49 @@ class EgressProxy:
         for task, (host, port) in list(self._targets.items()):
             if task.done() or ruleset.check_name(host, port).allowed:
                 continue
-            self._revoked.add(task)
-            task.cancel()
+            self.revoke(task, _deny(Reason.HOST_REVOKED, f"{host}:{port} was revoked"))
+
+    def revoke(self, task: asyncio.Task[None], decision: Decision) -> None:
+        """Close the connection served by ``task`` (from :meth:`adopt`), its event
+        recording ``decision``: an identity that no longer holds (the gateway's pod
+        deleted), or a host no longer allowed. Called on the proxy's loop."""
+        if task.done() or task not in self._tasks:
+            return
+        self._revoked[task] = decision
+        task.cancel()
+
+    def forget_decisions(self) -> None:
+        """Drop remembered name and address decisions (the addresses the rules refuse
+        grew: the gateway learnt a node address)."""
+        self._names.clear()
+        self._verdicts.clear()
+
+    def adopt(
+        self, sock: socket.socket, initial: bytes = b"", *, socks_greeted: bool = False
+    ) -> asyncio.Task[None] | None:
+        """Serve a connection accepted elsewhere (the gateway's listener), exactly as one
+        accepted here: ``initial`` is what was already read from it (a request head, or
+        what followed a SOCKS5 negotiation the caller completed when ``socks_greeted``).
+
+        Returns the connection's task (for :meth:`revoke`), or None when it was refused
+        at once (connection limit, proxy closed; its event is written). Must be called on
+        the proxy's loop; the task inherits the caller's context (the gateway's identity
+        of the connection, read by its audit callback).
+        """
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            sock.close()
+            record = _Record(protocol="unknown")
+            record.decision = _deny(Reason.BAD_REQUEST, "proxy closed")
+            self._emit("net_connect", record)
+            return None
+
+        async def handler(conn: socket.socket) -> None:
+            await self._guarded(
+                conn, _Record(), self._serve_explicit, initial=initial, greeted=socks_greeted
+            )
+
+        return self._start(sock, loop, handler)
 
     # -- serving ------------------------------------------------------------------------
 
@@ -428,22 +470,23 @@ class EgressProxy:
         conn: socket.socket,
         loop: asyncio.AbstractEventLoop,
         handler: Callable[[socket.socket], Coroutine[Any, Any, None]],
-    ) -> None:
+    ) -> asyncio.Task[None] | None:
         """Handle one accepted connection in a task of its own, within the cap."""
         if len(self._tasks) >= self.max_connections:
             record = _Record(protocol="unknown")
             record.decision = _deny(Reason.CONNECTION_LIMIT, f"{self.max_connections} open")
             conn.close()
             self._emit("net_connect", record)
-            return
+            return None
         task = loop.create_task(handler(conn))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
+        return task
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._targets.pop(task, None)
-        self._revoked.discard(task)
+        self._revoked.pop(task, None)
 
     # -- audit ---------------------------------------------------------------------------
 
@@ -470,8 +513,13 @@ class EgressProxy:
         record.extra["mode"] = "transparent"
         await self._guarded(sock, record, self._serve_captured)
 
-    async def _serve_explicit(self, client: _Client, record: _Record) -> None:
-        if not client.read_ready():
+    async def _serve_explicit(
+        self, client: _Client, record: _Record, greeted: bool = False
+    ) -> None:
+        if greeted:
+            await self._serve_socks(client, record, greeted=True)
+            return
+        if not client.buffer and not client.read_ready():
             async with asyncio.timeout(self.handshake_timeout):
                 await client.read()
         if client.buffer[0] == _socks.VERSION:
@@ -509,7 +557,10 @@ class EgressProxy:
         self,
         sock: socket.socket,
         record: _Record,
-        serve: Callable[[_Client, _Record], Awaitable[None]],
+        serve: Callable[..., Awaitable[None]],
+        *,
+        initial: bytes = b"",
+        greeted: bool = False,
     ) -> None:
         """Serve one accepted connection; whatever happens, exactly one event."""
         loop = asyncio.get_running_loop()
@@ -518,7 +569,12 @@ class EgressProxy:
             if sock.family != socket.AF_UNIX:
                 # Replies go out as soon as they are written, not after the client's ACK.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await serve(_Client(sock, loop), record)
+            client = _Client(sock, loop)
+            client.buffer += initial
+            if greeted:
+                await serve(client, record, True)
+            else:
+                await serve(client, record)
         except _Closed:
             if record.decision is None:
                 record.decision = _deny(Reason.BAD_REQUEST, "client closed before a request")
@@ -528,11 +584,9 @@ class EgressProxy:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task in self._revoked:
-                # Closed by a live change: the connection no longer passes. Not a
-                # shutdown, so the cancellation ends here.
-                record.decision = _deny(
-                    Reason.HOST_REVOKED, f"{record.host}:{record.port} was revoked"
-                )
+                # Closed by a live change (a host revoked, the gateway's pod gone): the
+                # connection no longer passes. Not a shutdown: the cancellation ends here.
+                record.decision = self._revoked[task]
                 task.uncancel()
                 return
             if record.decision is None:
@@ -810,20 +864,24 @@ class EgressProxy:
 
     # -- SOCKS5 ----------------------------------------------------------------------------
 
-    async def _serve_socks(self, client: _Client, record: _Record) -> None:
+    async def _serve_socks(self, client: _Client, record: _Record, greeted: bool = False) -> None:
+        """SOCKS5; ``greeted``: the method negotiation (and the gateway's username and
+        password authentication) already happened, the request comes next."""
         record.protocol = "socks5"
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                while (greeting := _socks.parse_greeting(client.buffer)) is None:
-                    await client.read()
-                offered, used = greeting
-                del client.buffer[:used]
-                await client.send(_socks.method_reply(offered))
-                if not offered:
-                    record.decision = _deny(
-                        Reason.UNSUPPORTED_PROTOCOL, "only the no-authentication method is served"
-                    )
-                    return
+                if not greeted:
+                    while (greeting := _socks.parse_greeting(client.buffer)) is None:
+                        await client.read()
+                    offered, used = greeting
+                    del client.buffer[:used]
+                    await client.send(_socks.method_reply(offered))
+                    if not offered:
+                        record.decision = _deny(
+                            Reason.UNSUPPORTED_PROTOCOL,
+                            "only the no-authentication method is served",
+                        )
+                        return
                 while (request := _socks.parse_request(client.buffer)) is None:
                     await client.read()
         except _socks.SocksError as exc:

@@ -8,6 +8,10 @@ Order, on the one normalised spelling of the host:
 4. each address: a ``deny`` IP/CIDR entry → deny; public → allow; otherwise allowed only
    when an ``allow`` IP/CIDR entry or the name's ``hosts`` pin names that very address.
 
+The gateway's cluster addresses (:class:`~stockade.egress._addr.ClusterRanges`: API
+server, pod and service ranges, nodes, link-local) follow the same strict rule: only an
+allow entry naming the address or a range within those opens one, never a ``hosts`` pin.
+
 Metadata endpoints (see :data:`METADATA_ADDRESSES`) are stricter: only an allow entry naming
 that single address (``169.254.169.254``, or a ``/32``) opens one. A wider range such as
 ``169.254.0.0/16`` and a ``hosts`` pin never do, so no wildcard, range or name can reach
@@ -21,7 +25,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from stockade._exceptions import PolicyError
-from stockade.egress._addr import AddressClass, IPAddress, classify, local_addresses
+from stockade.egress._addr import (
+    AddressClass,
+    ClusterRanges,
+    IPAddress,
+    classify,
+    local_addresses,
+)
 from stockade.policy._decision import Decision, Reason
 from stockade.policy._hosts import HostPattern, ip_literal, normalize_host, parse_pattern
 
@@ -33,6 +43,7 @@ LAYER = "egress"
 _CLASS_REASON = {
     AddressClass.METADATA: Reason.ADDRESS_METADATA,
     AddressClass.SELF: Reason.ADDRESS_SELF,
+    AddressClass.CLUSTER: Reason.ADDRESS_CLUSTER,
 }
 
 
@@ -72,6 +83,8 @@ class EgressRules:
     tls_ports: tuple[int, ...] = (443,)
     extra_allow: tuple[str, ...] = ()
     local: frozenset[IPAddress] | None = None
+    #: the gateway's cluster addresses (None outside a gateway)
+    cluster: ClusterRanges | None = None
     _allow: tuple[HostPattern, ...] = field(init=False, repr=False)
     _deny: tuple[HostPattern, ...] = field(init=False, repr=False)
     _pins: dict[str, IPAddress] = field(init=False, repr=False)
@@ -160,14 +173,22 @@ class EgressRules:
 
     def check_address(self, host: str, port: int, address: IPAddress) -> AddressVerdict:
         """Decide one address that ``host`` resolved to (or is)."""
-        address_class = classify(address, self.local)
+        address_class = classify(address, self.local, self.cluster)
         for pattern in self._deny:
             if pattern.covers_address(address, port):
                 decision = Decision.deny(LAYER, Reason.HOST_DENIED, rule=pattern.text)
                 return AddressVerdict(decision, address, address_class)
         if address_class is AddressClass.PUBLIC:
             return AddressVerdict(Decision.allow(LAYER), address, address_class)
-        if address_class is AddressClass.METADATA:
+        if address_class is AddressClass.CLUSTER:
+            # Only an allow entry written as an address or range opens one: a name
+            # pinned there (or resolving there) never does.
+            for pattern in self._allow:
+                if pattern.covers_address(address, port):
+                    return AddressVerdict(
+                        Decision.allow(LAYER, rule=pattern.text), address, address_class
+                    )
+        elif address_class is AddressClass.METADATA:
             for pattern in self._allow:
                 if pattern.single_address and pattern.covers_address(address, port):
                     return AddressVerdict(
