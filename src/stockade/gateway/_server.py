@@ -1,0 +1,669 @@
+"""``stockade gateway serve``: the egress proxy as a multi-tenant service in a cluster.
+
+Each accepted connection is attributed to a pod before anything else: its peer address
+through the pod watch (:mod:`._pods`), and, with ``--identity peer-ip,tokenreview``, a
+projected service-account token that TokenReview must tie to that same pod UID. The
+pod's ``stockade.dev/policy`` annotation (or ``--default-policy``) names its policy,
+which must permit the pod's namespace and service account (``[kubernetes]``). The
+connection is then handed, with the bytes already read, to the
+:class:`~stockade.egress.EgressProxy` of that policy's current generation
+(:meth:`~stockade.egress.EgressProxy.adopt`): from there on it is decided by the very
+code that decides a local sandbox's connections. Nothing here decides a destination.
+
+The connection's identity travels in a context variable, inherited by the proxy's task,
+and every audit event (the proxy's and the inspect layer's) is written with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stockade._exceptions import PolicyError, Unavailable
+from stockade.egress import EgressProxy, EgressRules
+from stockade.egress import _http as http
+from stockade.egress._addr import ClusterRanges, IPAddress
+from stockade.egress._proxy import Resolver
+from stockade.egress._rules import LAYER
+from stockade.gateway._identity import TokenReviewer, basic_password, socks_credentials
+from stockade.gateway._kube import KubeClient
+from stockade.gateway._metrics import Metrics
+from stockade.gateway._pods import POLICY_ANNOTATION, Pod, PodCache
+from stockade.gateway._policies import Generation, PolicyDirectory
+from stockade.policy import Decision, Policy, Reason
+
+__all__ = ["Gateway", "GatewayConfig", "load_ca"]
+
+logger = logging.getLogger("stockade.gateway")
+
+#: the identity of the connection being served (namespace, pod, pod_uid, claim, ...)
+IDENTITY: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("stockade_gateway_id")
+
+_READ = 64 * 1024
+_METHOD_USERPASS = 0x02
+_STATUS = {
+    Reason.IDENTITY_STALE: 503,
+    Reason.CREDENTIAL_MISSING: 407,
+    Reason.CREDENTIAL_INVALID: 407,
+}
+#: link-local is refused by a gateway whatever its flags say (the metadata endpoints
+#: live there, and a pod's neighbours' link-local services)
+LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+
+
+@dataclass
+class GatewayConfig:
+    """What ``stockade gateway serve`` was told."""
+
+    policies: Path
+    default_policy: str | None = None
+    tokens: bool = False
+    audience: str = "stockade-gateway"
+    cluster: ClusterRanges = field(default_factory=ClusterRanges)
+    ca_dir: Path | None = None
+    secrets_dir: Path | None = None
+    handshake_timeout: float = 10.0
+    reload_interval: float = 1.0
+    resolver: Resolver | None = None
+
+
+def load_ca(directory: Path) -> Any:
+    """The interception CA from a mounted Secret: ``ca-cert.pem``/``ca-key.pem`` (as
+    ``stockade`` writes them) or ``tls.crt``/``tls.key`` (a Kubernetes TLS Secret)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from stockade.egress.inspect import CertificateAuthority
+
+    for cert_name, key_name in (("ca-cert.pem", "ca-key.pem"), ("tls.crt", "tls.key")):
+        cert_path, key_path = directory / cert_name, directory / key_name
+        if cert_path.is_file() and key_path.is_file():
+            try:
+                cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+                key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+            except (OSError, ValueError) as exc:
+                raise Unavailable(f"the interception CA in {directory}", str(exc)) from None
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise Unavailable(
+                    f"the interception CA in {directory}", "its key must be EC (P-256)"
+                )
+            return CertificateAuthority(key, cert)
+    raise Unavailable(
+        f"the interception CA in {directory}",
+        "mount a Secret holding ca-cert.pem and ca-key.pem (or tls.crt and tls.key)",
+    )
+
+
+def _placeholder(name: str, value: bytes, directory: Path) -> bytes:
+    """The placeholder pods carry for secret ``name``: ``NAME.placeholder`` in the
+    secrets directory, else one derived from the value (the same on every replica and
+    every reload, and revealing nothing of the value)."""
+    from stockade.egress.inspect._secrets import PLACEHOLDER_PREFIX
+
+    path = directory / f"{name}.placeholder"
+    with contextlib.suppress(OSError):
+        text = path.read_bytes().strip()
+        if text:
+            return text
+    digest = hmac.new(value, b"stockade placeholder:" + name.encode(), hashlib.sha256)
+    return PLACEHOLDER_PREFIX.encode() + digest.hexdigest()[:32].encode()
+
+
+class Gateway:
+    """The multi-tenant proxy: identity per connection, one EgressProxy per policy."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        kube: KubeClient,
+        *,
+        namespace: str | None,
+        cache_ttl: float = 10.0,
+        backoff: tuple[float, float] = (0.5, 10.0),
+        audit: Callable[[dict[str, Any]], None] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self._write = audit or _stdout
+        self.pods = PodCache(
+            kube,
+            namespace,
+            ttl=cache_ttl,
+            on_change=self._pod_changed,
+            on_node=self._node_seen,
+            backoff=backoff,
+        )
+        self.reviewer = TokenReviewer(kube, config.audience) if config.tokens else None
+        self._ca: Any = None
+        self.store = PolicyDirectory(config.policies, self._build)
+        #: open connections per pod UID: task -> (proxy, policy name)
+        self._open: dict[str, dict[asyncio.Task[None], tuple[EgressProxy, str]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._background: list[asyncio.Task[None]] = []
+        self._listeners: list[socket.socket] = []
+        self._closed = False
+        self.ready = asyncio.Event()
+
+    # -- policies ------------------------------------------------------------------------
+
+    def _secret_env(self) -> dict[str, str]:
+        """``env:NAME`` sources of a gateway read the file NAME of ``--secrets``."""
+        directory = self.config.secrets_dir
+        if directory is None or not directory.is_dir():
+            return {}
+        out = {}
+        for entry in directory.iterdir():
+            if entry.name.startswith(".") or not entry.is_file():
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                out[entry.name] = entry.read_text(encoding="utf-8").strip()
+        return out
+
+    def _build(self, policies: Mapping[str, Policy]) -> dict[str, Any]:
+        """One EgressProxy per policy, sharing the cluster's refused addresses."""
+        serving: dict[str, Any] = {}
+        env: dict[str, str] | None = None
+        for name, policy in policies.items():
+            net = policy.network
+            rules = EgressRules(
+                allow=net.allow,
+                deny=net.deny,
+                hosts=dict(net.hosts),
+                tls_ports=net.tls_ports,
+                cluster=self.config.cluster,
+            )
+            inspect = None
+            wants = policy.layers.inspect and bool(
+                net.rules or policy.secrets or policy.labels.configured
+            )
+            if wants:
+                if self.config.ca_dir is None:
+                    raise PolicyError(
+                        f"policy {name} inspects requests (rules, secrets or labels) and "
+                        "the gateway has no --ca; mount the CA Secret and pass --ca DIR"
+                    )
+                from stockade.egress.inspect import InspectLayer, SecretStore
+                from stockade.egress.inspect._secrets import ResolvedSecret
+
+                if self._ca is None:
+                    self._ca = load_ca(self.config.ca_dir)
+                env = self._secret_env() if env is None else env
+                store = SecretStore.resolve(policy.secrets, env)
+                if self.config.secrets_dir is not None:
+                    directory = self.config.secrets_dir
+                    store = SecretStore(
+                        [
+                            ResolvedSecret(
+                                s.name,
+                                s.value,
+                                _placeholder(s.name, s.value, directory),
+                                s.hosts,
+                                s.header,
+                            )
+                            for s in store.secrets
+                        ]
+                    )
+                inspect = InspectLayer.from_policy(
+                    policy, self._ca, self._event(name), secrets=store, environ=env
+                )
+            serving[name] = EgressProxy(
+                rules,
+                self._event(name),
+                resolver=self.config.resolver,
+                handshake_timeout=self.config.handshake_timeout,
+                inspect=inspect,
+            )
+        return serving
+
+    def _swap(self, old: Generation | None, new: Generation) -> None:
+        """Make ``new`` current: new connections use it; open inspected tunnels check
+        each further request with the new rules; a policy gone closes its tunnels."""
+        self.metrics.set("stockade_gateway_policy_generation", new.number)
+        self._emit(
+            "policy_loaded",
+            Decision.allow(LAYER, detail=f"generation {new.number}"),
+            {"generation": new.number, "policies": dict(sorted(new.digests.items()))},
+        )
+        if old is None:
+            return
+        for name, proxy in old.serving.items():
+            fresh = new.serving.get(name)
+            if fresh is not None and proxy.inspect is not None and fresh.inspect is not None:
+                proxy.inspect.inspector = fresh.inspect.inspector
+            if fresh is None:
+                for tasks in self._open.values():
+                    for task, (owner, _) in list(tasks.items()):
+                        if owner is proxy:
+                            owner.revoke(
+                                task,
+                                Decision.deny(
+                                    LAYER, Reason.POLICY_UNKNOWN, detail=f"policy {name} removed"
+                                ),
+                            )
+            self._background.append(asyncio.get_running_loop().create_task(self._retire(proxy)))
+
+    async def _retire(self, proxy: EgressProxy) -> None:
+        # An old generation serves its open connections to their end, then goes.
+        await proxy.wait_closed()
+        proxy.close()
+        if proxy.inspect is not None:
+            close = getattr(proxy.inspect, "close", None)
+            if close is not None:
+                close()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reload_interval)
+            old = self.store.current
+            error = self.store.last_error
+            try:
+                new = self.store.poll()
+            except Exception as exc:  # only on a first load, which start() did
+                new, self.store.last_error = None, str(exc)
+            if new is not None:
+                self._swap(old, new)
+            elif self.store.last_error and self.store.last_error != error:
+                self.metrics.inc("stockade_gateway_policy_reload_failures_total")
+                self._emit(
+                    "policy_reload_failed",
+                    Decision.deny(LAYER, Reason.BAD_REQUEST, detail=self.store.last_error),
+                    {"generation": old.number if old else 0},
+                )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the policies (raising on a bad one) and start the watch and reloads."""
+        generation = self.store.poll()
+        assert generation is not None
+        self._swap(None, generation)
+        loop = asyncio.get_running_loop()
+        synced = asyncio.Event()
+        self._background.append(loop.create_task(self.pods.run(synced)))
+        self._background.append(loop.create_task(self._reload_loop()))
+
+        async def mark_ready() -> None:
+            await synced.wait()
+            self.ready.set()
+
+        self._background.append(loop.create_task(mark_ready()))
+
+    @property
+    def is_ready(self) -> bool:
+        """Ready: the first pod list synced, policies loaded, the cache fresh."""
+        return self.ready.is_set() and self.store.current is not None and self.pods.fresh()
+
+    async def serve_socket(self, sock: socket.socket) -> None:
+        """Accept on a listening socket until :meth:`close`."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        self._listeners.append(sock)
+        current = asyncio.current_task()
+        if current is not None:
+            self._background.append(current)  # close() cancels it
+        try:
+            while not self._closed:
+                try:
+                    conn, _ = await loop.sock_accept(sock)
+                except OSError as exc:
+                    # Out of descriptors, or the listener closed by close(): the loop's
+                    # condition tells which; back off rather than spin.
+                    logger.warning("gateway: accept failed: %s", exc)
+                    await asyncio.sleep(0.05)
+                    continue
+                task = loop.create_task(self._connection(conn))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            sock.close()
+
+    async def serve_metrics(self, sock: socket.socket) -> None:
+        """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on a listening socket."""
+        sock.setblocking(False)
+        server = await asyncio.start_server(self._metrics_client, sock=sock)
+        self._listeners.append(sock)
+        current = asyncio.current_task()
+        if current is not None:
+            self._background.append(current)
+        async with server:
+            await server.serve_forever()
+
+    async def _metrics_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            async with asyncio.timeout(5.0):
+                line = await reader.readline()
+                while (await reader.readline()).strip():
+                    pass  # the headers say nothing these endpoints need
+            parts = line.split()
+            path = parts[1].split(b"?")[0] if len(parts) >= 2 else b""
+            status, body, kind = 404, b"not found\n", "text/plain"
+            if path == b"/healthz":
+                status, body = 200, b"ok\n"
+            elif path == b"/readyz":
+                if self.is_ready:
+                    status, body = 200, b"ready\n"
+                else:
+                    why = self.pods.last_error or "the first pod list has not synced"
+                    status, body = 503, f"not ready: {why}\n".encode()
+            elif path == b"/metrics":
+                self.metrics.set("stockade_gateway_pods", len(self.pods.pods))
+                status, body = 200, self.metrics.render().encode()
+                kind = "text/plain; version=0.0.4; charset=utf-8"
+            head = (
+                f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (OSError, TimeoutError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        """Stop accepting, stop the watch, close every connection."""
+        self._closed = True
+        for task in self._background:
+            task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for sock in self._listeners:
+            sock.close()
+        current = self.store.current
+        if current is not None:
+            for proxy in current.serving.values():
+                proxy.close()
+
+    async def wait_closed(self) -> None:
+        """Wait for the connections and background tasks to end."""
+        me = asyncio.current_task()
+        others = [t for t in (*self._tasks, *self._background) if t is not me]
+        await asyncio.gather(*others, return_exceptions=True)
+        current = self.store.current
+        if current is not None:
+            for proxy in current.serving.values():
+                await proxy.wait_closed()
+
+    # -- pods --------------------------------------------------------------------------
+
+    def _node_seen(self, ip: str) -> None:
+        with contextlib.suppress(ValueError):
+            address: IPAddress = ipaddress.ip_address(ip)
+            if self.config.cluster.add(address):
+                # Remembered verdicts could name the address as allowed: forget them.
+                current = self.store.current
+                for proxy in current.serving.values() if current else ():
+                    proxy.forget_decisions()
+
+    def _pod_changed(self, before: Pod | None, after: Pod | None) -> None:
+        if before is None:
+            return
+        if (
+            after is not None
+            and after.running
+            and after.ips == before.ips
+            and after.annotations.get(POLICY_ANNOTATION)
+            == before.annotations.get(POLICY_ANNOTATION)
+        ):
+            return
+        if after is None:
+            detail = f"{before.namespace}/{before.name} was deleted"
+        elif not after.running:
+            detail = f"{before.namespace}/{before.name} is no longer running"
+        elif after.ips != before.ips:
+            detail = f"{before.namespace}/{before.name} changed address"
+        else:
+            detail = f"{before.namespace}/{before.name} was given another policy"
+        decision = Decision.deny(LAYER, Reason.POD_GONE, detail=detail)
+        for task, (proxy, _) in list(self._open.get(before.uid, {}).items()):
+            proxy.revoke(task, decision)
+
+    # -- audit and metrics -------------------------------------------------------------
+
+    def _emit(self, event: str, decision: Decision, fields: Mapping[str, Any]) -> None:
+        record: dict[str, Any] = {
+            "time": time.time(),
+            "event": event,
+            "layer": decision.layer,
+            "verdict": str(decision.verdict),
+            "reason": str(decision.reason),
+        }
+        if decision.rule:
+            record["rule"] = decision.rule
+        if decision.detail:
+            record["detail"] = decision.detail
+        record.update(fields)
+        self._write(record)
+
+    def _event(self, policy: str) -> Callable[[Decision, dict[str, Any]], None]:
+        """The audit callback of a policy's proxy and inspect layer."""
+
+        def callback(decision: Decision, fields: dict[str, Any]) -> None:
+            identity = IDENTITY.get(None) or {"policy": policy}
+            event = fields.pop("event", "net_connect")
+            self._count(identity.get("policy", policy), decision)
+            if event == "net_connect":
+                labels = (("policy", str(identity.get("policy", policy))),)
+                self.metrics.inc(
+                    "stockade_gateway_bytes_total",
+                    (*labels, ("direction", "up")),
+                    float(fields.get("bytes_up") or 0),
+                )
+                self.metrics.inc(
+                    "stockade_gateway_bytes_total",
+                    (*labels, ("direction", "down")),
+                    float(fields.get("bytes_down") or 0),
+                )
+            self._emit(event, decision, {**fields, "mode": "gateway", **identity})
+
+        return callback
+
+    def _count(self, policy: str, decision: Decision) -> None:
+        self.metrics.inc(
+            "stockade_gateway_decisions_total",
+            (
+                ("policy", policy),
+                ("verdict", str(decision.verdict)),
+                ("reason", str(decision.reason)),
+            ),
+        )
+
+    # -- one connection ----------------------------------------------------------------
+
+    async def _connection(self, sock: socket.socket) -> None:
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        handed = False
+        identity: dict[str, Any] = {}
+        try:
+            sock.setblocking(False)
+            peer = str(sock.getpeername()[0])
+            identity["peer"] = peer
+            self.metrics.inc("stockade_gateway_connections_total")
+            buffer = bytearray()
+            handed = await self._identify(sock, loop, buffer, identity, started)
+        except (OSError, TimeoutError, ValueError) as exc:
+            self._deny_event(identity, Reason.BAD_REQUEST, f"client: {exc or type(exc).__name__}")
+        finally:
+            if not handed:
+                sock.close()
+
+    def _deny_event(self, identity: dict[str, Any], reason: Reason, detail: str) -> None:
+        decision = Decision.deny(LAYER, reason, detail=detail)
+        self._count(str(identity.get("policy", "")), decision)
+        fields = {"protocol": identity.pop("protocol", ""), "host": "", "port": 0}
+        self._emit("net_connect", decision, {**fields, "mode": "gateway", **identity})
+
+    async def _read_more(self, sock: socket.socket, buffer: bytearray) -> bool:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.config.handshake_timeout):
+            data = await loop.sock_recv(sock, _READ)
+        buffer += data
+        return bool(data)
+
+    async def _identify(
+        self,
+        sock: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        buffer: bytearray,
+        identity: dict[str, Any],
+        started: float,
+    ) -> bool:
+        """Attribute the connection and hand it to its policy's proxy; True once handed."""
+        if not await self._read_more(sock, buffer):
+            self._deny_event(identity, Reason.BAD_REQUEST, "closed before a request")
+            return False
+        socks = buffer[0] == 5
+        identity["protocol"] = "socks5" if socks else "http"
+        head: bytes | None = None
+        if not socks:
+            while http.find_head_end(buffer) < 0:
+                if len(buffer) > http.MAX_HEAD or not await self._read_more(sock, buffer):
+                    self._deny_event(identity, Reason.BAD_REQUEST, "no complete request head")
+                    return False
+            head = bytes(buffer[: http.find_head_end(buffer)])
+
+        async def refuse(reason: Reason, detail: str, socks_reply: bytes = b"\x05\xff") -> bool:
+            # SOCKS5: "no acceptable method" before the negotiation, or RFC 1929's
+            # failure status after it; HTTP: a response naming the reason.
+            if socks:
+                with contextlib.suppress(OSError):
+                    await loop.sock_sendall(sock, socks_reply)
+            else:
+                status = _STATUS.get(reason, 403)
+                out = http.error_response(status, str(reason), detail)
+                if status == 407:
+                    out = out.replace(
+                        b"\r\n", b'\r\nProxy-Authenticate: Basic realm="stockade-gateway"\r\n', 1
+                    )
+                with contextlib.suppress(OSError):
+                    await loop.sock_sendall(sock, out)
+            self._deny_event(identity, reason, detail)
+            return False
+
+        pod, reason, detail = self.pods.lookup(identity["peer"])
+        if pod is None:
+            return await refuse(reason, detail)
+        identity.update(
+            namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid, claim=pod.claim or None
+        )
+        greeted = False
+        if self.reviewer is not None:
+            token: str | None = None
+            failed = b"\x01\x01"  # RFC 1929: authentication failed
+            if socks:
+                count = buffer[1] if len(buffer) > 1 else 0
+                while len(buffer) < 2 + count:
+                    if not await self._read_more(sock, buffer):
+                        return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 greeting")
+                    count = buffer[1]
+                methods = bytes(buffer[2 : 2 + count])
+                del buffer[: 2 + count]
+                if _METHOD_USERPASS not in methods:
+                    return await refuse(
+                        Reason.CREDENTIAL_MISSING, "the username/password method is required"
+                    )
+                await loop.sock_sendall(sock, b"\x05\x02")
+                while (parsed := socks_credentials(buffer)) is None:
+                    if not await self._read_more(sock, buffer):
+                        return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 credentials")
+                token, used = parsed
+                del buffer[:used]
+            else:
+                assert head is not None
+                value = _header(head, b"proxy-authorization")
+                token = basic_password(value) if value is not None else None
+            if not token:
+                return await refuse(
+                    Reason.CREDENTIAL_MISSING, "send the pod's token as the password", failed
+                )
+            review = await self.reviewer.review(token)
+            if not review.authenticated:
+                if review.error.startswith("TokenReview failed"):
+                    self.metrics.inc("stockade_gateway_api_failures_total")
+                return await refuse(Reason.CREDENTIAL_INVALID, review.error, failed)
+            identity["service_account_user"] = review.username
+            if review.pod_uid != pod.uid:
+                return await refuse(
+                    Reason.CREDENTIAL_MISMATCH,
+                    f"the token belongs to pod {review.pod_name or review.pod_uid or '(none)'}, "
+                    f"not to {pod.namespace}/{pod.name}",
+                    failed,
+                )
+            if socks:
+                await loop.sock_sendall(sock, b"\x01\x00")
+                greeted = True
+        # Every await is behind us: the generation chosen now is the one adopted into.
+        generation = self.store.current
+        name = pod.annotations.get(POLICY_ANNOTATION) or self.config.default_policy
+        if not name:
+            return await refuse(
+                Reason.POLICY_UNKNOWN, f"no {POLICY_ANNOTATION} annotation and no default policy"
+            )
+        identity["policy"] = name
+        if generation is None or name not in generation.policies:
+            return await refuse(Reason.POLICY_UNKNOWN, f"no policy named {name!r}")
+        policy = generation.policies[name]
+        identity["policy_digest"] = generation.digests[name]
+        identity["generation"] = generation.number
+        if not policy.kubernetes.permits(pod.namespace, pod.service_account):
+            return await refuse(
+                Reason.POLICY_NOT_PERMITTED,
+                f"policy {name} does not list namespace {pod.namespace} "
+                f"(service account {pod.service_account}) in [kubernetes]",
+            )
+        proxy: EgressProxy = generation.serving[name]
+        self.metrics.observe(time.monotonic() - started, (("policy", name),))
+        IDENTITY.set(dict(identity))
+        task = proxy.adopt(sock, bytes(buffer), socks_greeted=greeted)
+        if task is not None:
+            tasks = self._open.setdefault(pod.uid, {})
+            tasks[task] = (proxy, name)
+            self.metrics.set("stockade_gateway_open_connections", self._count_open())
+
+            def done(t: asyncio.Task[None], uid: str = pod.uid) -> None:
+                owned = self._open.get(uid)
+                if owned is not None:
+                    owned.pop(t, None)
+                    if not owned:
+                        del self._open[uid]
+                self.metrics.set("stockade_gateway_open_connections", self._count_open())
+
+            task.add_done_callback(done)
+        return True
+
+    def _count_open(self) -> int:
+        return sum(len(t) for t in self._open.values())
+
+
+def _header(head: bytes, wanted: bytes) -> bytes | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == wanted:
+            return value.strip()
+    return None
+
+
+def _stdout(record: dict[str, Any]) -> None:
+    line = json.dumps(record, separators=(",", ":"), default=str).encode() + b"\n"
+    # One write per line: lines from concurrent tasks never interleave.
+    os.write(sys.stdout.fileno(), line)
