@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,9 @@ class Sandbox:
         self._scratch: Path | None = None
         self._egress: Any = None
         self._closed = False
+        # Runs may start from several threads at once (the MCP server's tool calls):
+        # one shared proxy loop, made once.
+        self._prepare_lock = threading.Lock()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -246,6 +250,10 @@ class Sandbox:
         self.close()
 
     def _prepare(self) -> Any:
+        with self._prepare_lock:
+            return self._prepare_locked()
+
+    def _prepare_locked(self) -> Any:
         layers = self.policy.layers
         net = self.policy.network
         wanted = net.allow or net.hosts or self._approvals.active

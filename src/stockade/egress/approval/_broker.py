@@ -73,6 +73,10 @@ class Asker(Protocol):
         """The answer to ``request``; awaited on the proxy's loop, under a timeout."""
         ...
 
+    # Optional: ``bind_run(gate)``, called in the thread that starts a run, as its gate
+    # is made. The MCP asker uses it to tie the run to the tool call that started it
+    # (asks arrive on the proxy's loop, which knows nothing of tool calls).
+
 
 class _CallbackAsker:
     """A user's approver: sync in a worker thread, async on the caller's loop."""
@@ -255,6 +259,9 @@ class ApprovalBroker:
         gate = RunGate(self, run_id, tuple(argv), emit)
         with self._lock:
             self._gates.append(gate)
+        bind = getattr(self.asker, "bind_run", None)
+        if callable(bind):
+            bind(gate)
         return gate
 
     def _forget(self, gate: RunGate) -> None:
@@ -304,6 +311,21 @@ class ApprovalBroker:
 
     # -- live changes -------------------------------------------------------------------
 
+    def check_allow(self, text: str) -> HostPattern:
+        """``text`` parsed as a live allow entry, or :class:`PolicyError` saying why it
+        cannot be one (invalid, too wide, a non-public address, or denied by a
+        ``network.deny`` entry of the loaded policy). Nothing is applied."""
+        pattern = _parse(text)
+        _validate_live_allow(pattern, text)
+        if pattern.kind is not PatternKind.SUFFIX:
+            decision = self.base.check_name(pattern.host, pattern.port or 443)
+            if decision.reason is Reason.HOST_DENIED:
+                raise PolicyError(
+                    f"{text!r} is denied by network.deny entry {decision.rule!r}; "
+                    "a live change cannot lift a deny of the loaded policy"
+                )
+        return pattern
+
     def update(
         self,
         *,
@@ -326,16 +348,7 @@ class ApprovalBroker:
         now = time.time()
         new: list[Grant] = []
         for text in allow:
-            pattern = _parse(text)
-            _validate_live_allow(pattern, text)
-            if pattern.kind is not PatternKind.SUFFIX:
-                probe = pattern.host
-                decision = self.base.check_name(probe, pattern.port or 443)
-                if decision.reason is Reason.HOST_DENIED:
-                    raise PolicyError(
-                        f"{text!r} is denied by network.deny entry {decision.rule!r}; "
-                        "a live change cannot lift a deny of the loaded policy"
-                    )
+            pattern = self.check_allow(text)
             new.append(Grant(pattern.text, scope, "allow", source, ask_id, now))
         for text in deny:
             pattern = _parse(text)
