@@ -554,6 +554,12 @@ def _build(
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
     transparent = v.boolean("network.transparent", net.get("transparent", True))
     strict = v.boolean("network.strict", net.get("strict", False))
+    mcp_raw = raw.get("mcp", {})
+    allow_always = v.boolean("mcp.allow_always", mcp_raw.get("allow_always", False))
+    if base is not None and allow_always:
+        # Whether an MCP client's answer may be written to approved.toml is the user's
+        # call: the sandbox can write a workspace file, so it may only turn this off.
+        raise v.fail("mcp.allow_always", True, _WIDEN_FIX)
     if base is not None and "upstream" in net:
         # Where stockade dials is the operator's, never the sandbox's: the sandbox can
         # write this file, and an upstream of its choosing would see every connection.
@@ -602,12 +608,16 @@ def _build(
     )
     if strict:
         policy = replace(policy, network=replace(policy.network, strict=True))
+    if allow_always:
+        policy = replace(policy, mcp=replace(policy.mcp, allow_always=True))
     if base is None:
         return policy
     merged = _tighten(base, policy, raw, v)
     if base.network.strict or strict:
         # A workspace file may turn asking off (that only tightens), never back on.
         merged = replace(merged, network=replace(merged.network, strict=True))
+    if base.mcp.allow_always and "allow_always" not in mcp_raw:
+        merged = replace(merged, mcp=replace(merged.mcp, allow_always=True))
     return merged
 
 

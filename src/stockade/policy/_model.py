@@ -204,6 +204,15 @@ class KubernetesPolicy:
 
 
 @record
+class McpPolicy:
+    """``[mcp]``: how ``stockade mcp`` may ask the user through the MCP client."""
+
+    #: offer "always allow" over MCP elicitation (user policy only; default off, since
+    #: an MCP client may answer with a hook or a model rather than a person)
+    allow_always: bool = False
+
+
+@record
 class LimitsPolicy:
     """``[limits]``: resource caps. 0 means unlimited for the time limits."""
 
@@ -253,6 +262,8 @@ class Policy:
     labels: Labels = field(default_factory=Labels)
     #: where the gateway may apply it (``[kubernetes]``)
     kubernetes: KubernetesPolicy = field(default_factory=KubernetesPolicy)
+    #: ``[mcp]``: the MCP server's asking
+    mcp: McpPolicy = field(default_factory=McpPolicy)
     #: where each part came from, most general first ("built-in", a user file, ...)
     sources: tuple[str, ...] = ("built-in",)
     #: notes found while loading (paths whose real location differs from their spelling)
@@ -332,6 +343,9 @@ class Policy:
                 "namespaces": list(self.kubernetes.namespaces),
                 "service_accounts": list(self.kubernetes.service_accounts),
             }
+        if self.mcp.allow_always:
+            # Only when set, so that the digest of every other policy stays as it was.
+            data["mcp"] = {"allow_always": True}
         return data
 
     def digest(self) -> str:

@@ -158,6 +158,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "allow_push": Key("bool", "false", 'let the "git" preset push (git-receive-pack)'),
     },
+    # The MCP server (stockade mcp): how it may ask the user through the MCP client.
+    "mcp": {
+        "allow_always": Key(
+            "bool",
+            "false",
+            'offer "always allow" (written to approved.toml) when stockade mcp asks through '
+            "the client (MCP elicitation); off by default because an MCP client may answer "
+            "by a hook or a model rather than a person; user policy or --policy only: a "
+            "workspace file may set it false, never true",
+        ),
+    },
 }
 
 #: sections made of named tables (``[secrets.NAME]``), each taking the section's keys
