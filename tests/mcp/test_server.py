@@ -54,7 +54,7 @@ def text_of(result: CallToolResult) -> str:
 def test_tools_are_listed(tmp_path: Path) -> None:
     async def body(session: ClientSession) -> None:
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert set(tools) == {"run_command", "sandbox_policy"}
+        assert set(tools) == {"run_command", "request_network_access", "sandbox_policy"}
         assert tools["sandbox_policy"].annotations is not None
         assert tools["sandbox_policy"].annotations.read_only_hint is True
 

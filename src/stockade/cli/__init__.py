@@ -37,7 +37,7 @@ VERBS: dict[str, tuple[str, str]] = {
         "run attack scenarios under every layer subset; model vs reality",
     ),
     "import": ("stockade.cli.import_", "translate srt settings into a stockade policy"),
-    "mcp": ("stockade.cli.mcp", "serve run_command and sandbox_policy to an MCP client (stdio)"),
+    "mcp": ("stockade.cli.mcp", "serve the sandbox to an MCP client (stdio); asks via elicitation"),
     "log": ("stockade.cli.log", "read, filter and follow the audit logs"),
     "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
     "server": ("stockade.cli.server", "keep a warm run server that makes 'run' start faster"),
