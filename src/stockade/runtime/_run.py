@@ -274,6 +274,8 @@ def _execute(
         cwd = workspace
     home = paths.caller_home(caller_env)
     layers = policy.layers
+    # Timestamps on disk come from the kernel's coarse clock: a margin, not an instant.
+    wall_started = time.time() - 1.0
     support = _cgroup_support(policy) if bwrap is not None else None
     audit.emit(
         "run_start",
@@ -548,6 +550,8 @@ def _execute(
             Decision.deny("limits", Reason.LIMIT_WALL_TIME, detail=f"{request.timeout:g}s"),
         )
         returncode = EXIT_TIMEOUT
+    if layers.container:
+        _report_nested_repositories(workspace, wall_started, audit)
     audit.emit("run_end", returncode=returncode, duration=round(duration, 6), end=True)
     return RunResult(
         list(request.argv),
@@ -629,6 +633,33 @@ def _launcher(
         mounts=tuple(bubblewrap.launcher_mounts(plan)),
     )
     return launcher.prepare(spec)
+
+
+def _report_nested_repositories(workspace: Path, since: float, audit: AuditLog) -> None:
+    """Warn about a repository the sandbox nested into the workspace's own (see
+    :mod:`stockade.enforce.gitlinks`): git on the host would run its configuration."""
+    from stockade.enforce import gitlinks
+
+    try:
+        found = gitlinks.nested_repositories(workspace, since)
+    except OSError:
+        return
+    for checkout in found:
+        where = checkout.relative_to(workspace) if checkout.is_relative_to(workspace) else checkout
+        detail = (
+            f"the sandbox nested a repository at {where} into the workspace's index: "
+            "git on the host (git status at the top) runs its configuration and hooks; "
+            f"check {where}/.git before running git here"
+        )
+        audit.emit(
+            "git_nested_repository",
+            layer="container",
+            verdict="report",
+            reason="path-protected",
+            detail=detail,
+            path=str(checkout),
+        )
+        print(f"stockade: warning: {detail}", file=sys.stderr)
 
 
 def _trust_paths(
