@@ -38,6 +38,7 @@ from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, NotTLS, par
 from stockade.egress.approval._broker import RuleSet, RunGate
 from stockade.egress.dns._pool import AddressPool
 from stockade.egress.upstream import (
+    UNRESOLVED,
     Route,
     Transport,
     UpstreamRefused,
@@ -655,10 +656,25 @@ class EgressProxy:
                 async with asyncio.timeout(self.dns_timeout):
                     addresses = await self._resolve(host, port)
             except (OSError, TimeoutError, UnicodeError, ValueError) as exc:
-                record.decision = _deny(Reason.RESOLVE_FAILED, str(exc) or type(exc).__name__)
-                return None
+                addresses = ()
+                failure = str(exc) or type(exc).__name__
+            else:
+                failure = "no addresses"
             if not addresses:
-                record.decision = _deny(Reason.RESOLVE_FAILED, "no addresses")
+                if self.transport.resolves_by_name(host, port):
+                    # A company network whose names only its proxy resolves: the operator
+                    # chose connect_by = "name", so the upstream resolves this allowed
+                    # name. A name that does resolve here is still classified below.
+                    record.address_class = "resolved-by-upstream"
+                    record.decision = Decision(
+                        Verdict.ALLOW,
+                        LAYER,
+                        Reason.ALLOWED,
+                        decision.rule,
+                        "resolved by the upstream",
+                    )
+                    return UNRESOLVED
+                record.decision = _deny(Reason.RESOLVE_FAILED, failure)
                 return None
         first_denied = None
         for address in addresses:

@@ -369,7 +369,8 @@ def company_net() -> Iterator[CompanyNet]:
             ["openssl", "passwd", "-apr1", PASSWORD], capture_output=True, text=True, check=True
         ).stdout.strip()
         (squid_dir / "passwd").write_text(f"{USER}:{hashed}\n")
-        (squid_dir / "hosts").write_text(f"{target} web.test tls.test opaque.test\n")
+        # internal.test: a name only the company proxy resolves (pinned nowhere else).
+        (squid_dir / "hosts").write_text(f"{target} web.test tls.test opaque.test internal.test\n")
         squid = Squid(b_address, SQUID_PORT, squid_dir)
         (squid_dir / "squid.conf").write_text(
             SQUID_CONF.format(listen=b_address, port=SQUID_PORT, ncsa=NCSA, dir=squid_dir)

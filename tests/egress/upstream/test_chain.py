@@ -280,6 +280,40 @@ def test_connect_by_name_sends_the_name(net: CompanyNet) -> None:
         proxy.stop()
 
 
+def test_connect_by_name_leaves_a_name_only_the_upstream_knows_to_it(net: CompanyNet) -> None:
+    # Company networks whose names only the proxy resolves: connect_by = "name" lets
+    # the upstream resolve an allowed name that has no answer here.
+    allow = ("web.test", "internal.test")
+    proxy = Chained(net, net.policy(connect_by="name", allow=allow))
+    try:
+        answer, response = connect_get(proxy, "internal.test", net.http.port, "/internal")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert b"hello from" in response
+        assert net.squid.wait_log(f"CONNECT internal.test:{net.http.port}")
+        (_, fields), *_ = proxy.named("net_connect")
+        assert fields["address_class"] == "resolved-by-upstream"
+        assert fields["address"] == ""
+    finally:
+        proxy.stop()
+
+
+def test_connect_by_address_refuses_a_name_it_cannot_resolve(net: CompanyNet) -> None:
+    # The twin: by address (the default) the tunnel must be bound to an address that
+    # passed the checks here, so a name without one is refused and squid hears nothing.
+    allow = ("web.test", "internal.test")
+    proxy = Chained(net, net.policy(allow=allow))
+    line = f"CONNECT internal.test:{net.http.port}"
+    before = len(net.squid.wait_log(line, timeout=0))
+    try:
+        answer, _ = connect_get(proxy, "internal.test", net.http.port, "/internal-by-address")
+        assert b" 502 " in answer.split(b"\r\n")[0] + b" ", answer
+        (decision, _), *_ = proxy.named("net_connect")
+        assert str(decision.reason) == "resolve-failed"
+        assert len(net.squid.wait_log(line, timeout=0.5)) == before
+    finally:
+        proxy.stop()
+
+
 def test_wrong_credentials_are_upstream_refused(net: CompanyNet) -> None:
     proxy = Chained(net, net.policy(auth_file=net.bad_auth_file))
     before = len(net.http.requests())

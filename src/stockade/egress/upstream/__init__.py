@@ -19,6 +19,7 @@ from stockade.egress.upstream._config import Upstream as Upstream
 from stockade.egress.upstream._config import read_auth_file as read_auth_file
 from stockade.egress.upstream._config import resolve_upstream as resolve_upstream
 from stockade.egress.upstream._probe import probe as probe
+from stockade.egress.upstream._transport import UNRESOLVED as UNRESOLVED
 from stockade.egress.upstream._transport import Route as Route
 from stockade.egress.upstream._transport import Transport as Transport
 from stockade.egress.upstream._transport import UpstreamRefused as UpstreamRefused
@@ -28,6 +29,7 @@ from stockade.egress.upstream._transport import dial as dial
 
 __all__ = [
     "PROXY_VARIABLES",
+    "UNRESOLVED",
     "Route",
     "Transport",
     "Upstream",

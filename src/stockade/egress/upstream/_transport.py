@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import os
 import socket
 import time
@@ -56,8 +57,17 @@ class Route:
     status: int = 0
 
 
+#: The address of a name only the upstream resolves (``connect_by = "name"`` and no
+#: answer here): never dialled, and never matches a range; the upstream is asked by name.
+UNRESOLVED = ipaddress.IPv4Address("0.0.0.0")  # noqa: S104 - a marker, never bound or dialled
+
+
 async def dial(address: IPAddress, port: int, timeout: float) -> socket.socket:
     """A non-blocking TCP connection to exactly ``address``:``port`` (no name involved)."""
+    if address.is_unspecified:
+        # 0.0.0.0 would reach this host's own services; it only ever stands for a name
+        # left to the upstream (UNRESOLVED), so a direct dial of it is a bug: refuse.
+        raise OSError(errno.EHOSTUNREACH, f"{address} is not an address to dial")
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -107,6 +117,16 @@ class Transport:
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
         self._addresses: tuple[float, Sequence[IPAddress]] | None = None
+
+    def resolves_by_name(self, host: str, port: int) -> bool:
+        """True when a name this host cannot resolve may be left to the upstream: one is
+        set, asked by name (``connect_by = "name"``), and ``host:port`` is not direct."""
+        upstream = self.upstream
+        return (
+            upstream is not None
+            and upstream.connect_by == "name"
+            and not upstream.direct(host, port, UNRESOLVED)
+        )
 
     def via(self, host: str, port: int, address: IPAddress) -> Upstream | None:
         """The upstream ``host:port`` (vetted to ``address``) goes through; None: direct."""
