@@ -76,10 +76,14 @@ class FakeApiServer:
         self._watchers: list[asyncio.Queue[dict[str, Any] | None]] = []
         self._writers: set[asyncio.StreamWriter] = set()
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._client, API_HOST, self.port, ssl=self.context, reuse_address=True
-        )
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Listen on API_HOST, or on ``sock`` (one made in another network namespace)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._client, sock=sock, ssl=self.context)
+        else:
+            self._server = await asyncio.start_server(
+                self._client, API_HOST, self.port, ssl=self.context, reuse_address=True
+            )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
