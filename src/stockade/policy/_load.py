@@ -22,8 +22,10 @@ from stockade._exceptions import PolicyError
 from stockade._record import replace
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
+    BACKENDS,
     LAYERS,
     BoundSecret,
+    ContainerPolicy,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
@@ -610,6 +612,14 @@ def _build(
         policy = replace(policy, network=replace(policy.network, strict=True))
     if allow_always:
         policy = replace(policy, mcp=replace(policy.mcp, allow_always=True))
+    container_raw = raw.get("container", {})
+    backend = container_raw.get("backend", "bubblewrap")
+    if backend not in BACKENDS:
+        raise v.fail(
+            "container.backend", backend, 'expected "bubblewrap" or "gvisor" (docs/gvisor.md)'
+        )
+    if backend != "bubblewrap":
+        policy = replace(policy, container=ContainerPolicy(backend=backend))
     if base is None:
         return policy
     merged = _tighten(base, policy, raw, v)
@@ -618,6 +628,16 @@ def _build(
         merged = replace(merged, network=replace(merged.network, strict=True))
     if base.mcp.allow_always and "allow_always" not in mcp_raw:
         merged = replace(merged, mcp=replace(merged.mcp, allow_always=True))
+    if base.container.backend == "gvisor" or backend == "gvisor":
+        # A kernel of its own only adds a boundary: a workspace file may ask for it, and
+        # may not take it away (the sandbox can write that file).
+        if (
+            base.container.backend == "gvisor"
+            and "backend" in container_raw
+            and backend != "gvisor"
+        ):
+            raise v.fail("container.backend", backend, _WIDEN_FIX)
+        merged = replace(merged, container=ContainerPolicy(backend="gvisor"))
     return merged
 
 

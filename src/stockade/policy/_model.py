@@ -203,6 +203,18 @@ class KubernetesPolicy:
         )
 
 
+#: the container backends, from the host kernel's own namespaces to a kernel of its own
+BACKENDS: tuple[str, ...] = ("bubblewrap", "gvisor")
+
+
+@record
+class ContainerPolicy:
+    """``[container]``: which runtime builds the container from the mount plan."""
+
+    #: "bubblewrap" (the default) or "gvisor" (runsc; a workspace file may only pick it)
+    backend: str = "bubblewrap"
+
+
 @record
 class McpPolicy:
     """``[mcp]``: how ``stockade mcp`` may ask the user through the MCP client."""
@@ -264,6 +276,8 @@ class Policy:
     kubernetes: KubernetesPolicy = field(default_factory=KubernetesPolicy)
     #: ``[mcp]``: the MCP server's asking
     mcp: McpPolicy = field(default_factory=McpPolicy)
+    #: ``[container]``: the runtime boundary
+    container: ContainerPolicy = field(default_factory=ContainerPolicy)
     #: where each part came from, most general first ("built-in", a user file, ...)
     sources: tuple[str, ...] = ("built-in",)
     #: notes found while loading (paths whose real location differs from their spelling)
@@ -346,6 +360,9 @@ class Policy:
         if self.mcp.allow_always:
             # Only when set, so that the digest of every other policy stays as it was.
             data["mcp"] = {"allow_always": True}
+        if self.container.backend != "bubblewrap":
+            # Only when not the default, as for [mcp]: other digests stay as they were.
+            data["container"] = {"backend": self.container.backend}
         return data
 
     def digest(self) -> str:

@@ -158,6 +158,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "allow_push": Key("bool", "false", 'let the "git" preset push (git-receive-pack)'),
     },
+    # The runtime boundary the container layer is built on (enforce/bubblewrap.py or
+    # enforce/gvisor.py): both take the same mount plan.
+    "container": {
+        "backend": Key(
+            "backend",
+            '"bubblewrap"',
+            '"bubblewrap" (namespaces on the host kernel) or "gvisor" (runsc: a kernel of '
+            "its own in user space; slower, see docs/gvisor.md); a workspace file may choose "
+            '"gvisor", never go back to "bubblewrap"',
+        ),
+    },
     # The MCP server (stockade mcp): how it may ask the user through the MCP client.
     "mcp": {
         "allow_always": Key(
