@@ -72,6 +72,8 @@ class FakeApiServer:
         self.version = 100
         self.port = 0
         self.requests: list[str] = []
+        #: seconds each TokenReview takes (a slow API server)
+        self.review_delay = 0.0
         self._server: asyncio.Server | None = None
         self._watchers: list[asyncio.Queue[dict[str, Any] | None]] = []
         self._writers: set[asyncio.StreamWriter] = set()
@@ -134,6 +136,7 @@ class FakeApiServer:
                 return
             path, _, query = target.partition("?")
             if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
+                await asyncio.sleep(self.review_delay)
                 await self._answer(writer, 201, self._review(json.loads(body)))
             elif method == "GET" and path.endswith("/pods") and "watch=1" in query:
                 await self._watch(writer)

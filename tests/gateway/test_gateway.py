@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -325,6 +326,26 @@ def test_token_for_another_audience_is_refused(gwt: Harness) -> None:
     status, _, headers = gwt.get(A_IP, url("a.test"), auth=basic("token-a-api"))
     assert status == 407
     assert headers["x-stockade-reason"] == "credential-invalid"
+
+
+def test_pod_deleted_during_the_token_review_is_refused(gwt: Harness) -> None:
+    # The pod is looked up, then its token reviewed (a slow API server); the pod is
+    # deleted while the review is in flight. The review says "pod A" and the UID still
+    # matches the pod found before the wait: only a second look finds it gone.
+    gwt.api.review_delay = 0.5
+    answers: list[tuple[int, bytes, dict[str, str]]] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(gwt.get(A_IP, url("a.test"), auth=basic("token-a")))
+    )
+    thread.start()
+    gwt.wait(lambda: any("tokenreviews" in r for r in gwt.api.requests), "the review")
+    gwt.soon(lambda: gwt.api.delete("uid-pod-a"))
+    thread.join(5)
+    status, _, headers = answers[0]
+    assert status == 403
+    assert headers["x-stockade-reason"] == "pod-gone"
+    # Twin: the same slow review for a pod that stays is allowed.
+    assert gwt.get(B_IP, url("b.test"), auth=basic("token-b"))[0] == 200
 
 
 def test_token_over_socks5(gwt: Harness) -> None:

@@ -609,6 +609,15 @@ class Gateway:
                     f"not to {pod.namespace}/{pod.name}",
                     failed,
                 )
+            # The review was awaited: the pod may have been deleted, stopped, moved or
+            # re-annotated meanwhile, and _pod_changed could not close a connection not
+            # yet handed over. Look again: the same pod, with the same policy, or nothing.
+            again, reason, detail = self.pods.lookup(identity["peer"])
+            if again is None or again.uid != pod.uid or _policy_of(again) != _policy_of(pod):
+                if reason is not Reason.IDENTITY_STALE:
+                    reason = Reason.POD_GONE
+                    detail = f"{pod.namespace}/{pod.name} changed while its token was reviewed"
+                return await refuse(reason, detail, failed)
             if socks:
                 await loop.sock_sendall(sock, b"\x01\x00")
                 greeted = True
@@ -653,6 +662,10 @@ class Gateway:
 
     def _count_open(self) -> int:
         return sum(len(t) for t in self._open.values())
+
+
+def _policy_of(pod: Pod) -> str | None:
+    return pod.annotations.get(POLICY_ANNOTATION)
 
 
 def _header(head: bytes, wanted: bytes) -> bytes | None:
