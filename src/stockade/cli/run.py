@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from stockade.policy import LAYERS
+from stockade.policy._model import BACKENDS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ _VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--ask-timeout": ("ask_timeout", float),
     "--control-fd": ("control_fd", int),
     "--upstream-proxy": ("upstream_proxy", str),
+    "--backend": ("backend", lambda v: BACKENDS[BACKENDS.index(v)]),
 }
 _LISTS = {"--allow-host": "allow_host", "--disable": "disable"}
 
@@ -48,6 +50,7 @@ def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
         "ask_timeout": None,
         "control_fd": None,
         "upstream_proxy": None,
+        "backend": None,
         "allow_host": [],
         "disable": [],
         "command": [],
@@ -133,6 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="kill the whole sandbox after S seconds (exit 124)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="the container's runtime for this run: bubblewrap (host kernel) or gvisor "
+        "(runsc, a kernel of its own; see docs/gvisor.md); default: [container] backend",
     )
     parser.add_argument(
         "--upstream-proxy",
@@ -279,6 +288,10 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         policy = with_upstream_proxy(policy, args.upstream_proxy)
     if args.disable:
         policy = replace(policy, layers=policy.layers.without(*args.disable))
+    if args.backend is not None:
+        from stockade.policy._model import ContainerPolicy
+
+        policy = replace(policy, container=ContainerPolicy(backend=args.backend))
     approval, channel = _approval(args, policy, command)
     if approval is False:
         return 2

@@ -2,10 +2,12 @@
  * stockade inner launcher.
  *
  *   stockade-launcher SPEC_FD -- CMD [ARGS...]
+ *   stockade-launcher /SPEC_PATH -- CMD [ARGS...]
  *
  * bubblewrap execs this program after it has built the mount view (or, with the
  * container layer off, the runtime execs it directly).  It reads a spec from the
- * inherited file descriptor SPEC_FD, then, in this order:
+ * inherited file descriptor SPEC_FD (or, under gVisor, which passes no descriptors in,
+ * from a read-only file bound in), then, in this order:
  *
  *   0. makes the mounts the spec lists, in a mount namespace of its own: masks over
  *      secret files and directories, the workspace's protected paths bound onto
@@ -690,11 +692,20 @@ int main(int argc, char **argv)
 	size_t spec_len;
 
 	if (argc < 4 || strcmp(argv[2], "--") != 0)
-		die("usage: stockade-launcher SPEC_FD -- CMD [ARGS...]; it is started by stockade, not by hand");
-	errno = 0;
-	long spec_fd = strtol(argv[1], &end, 10);
-	if (errno || *end || spec_fd < 3 || spec_fd > 1 << 20)
-		die("bad SPEC_FD %.20s: must be an inherited fd number above 2", argv[1]);
+		die("usage: stockade-launcher SPEC_FD|/SPEC_PATH -- CMD [ARGS...]; it is started by stockade, not by hand");
+	long spec_fd;
+	if (argv[1][0] == '/') {
+		/* gVisor's runsc passes no descriptor but stdio into the sandbox: there the
+		 * spec is a read-only file bound in by the runtime. */
+		spec_fd = open(argv[1], O_RDONLY | O_CLOEXEC);
+		if (spec_fd < 0)
+			die("open(%s) for the spec failed: %s", argv[1], errname(errno));
+	} else {
+		errno = 0;
+		spec_fd = strtol(argv[1], &end, 10);
+		if (errno || *end || spec_fd < 3 || spec_fd > 1 << 20)
+			die("bad SPEC_FD %.20s: must be an inherited fd number above 2", argv[1]);
+	}
 
 	char *buf = read_spec((int)spec_fd, &spec_len);
 	close((int)spec_fd);
@@ -744,7 +755,9 @@ int main(int argc, char **argv)
 	read_status(status_fd, status, sizeof status);
 	unsigned long long eff = status_hex(status, "CapEff");
 	unsigned long long prm = status_hex(status, "CapPrm");
-	unsigned long long amb = status_hex(status, "CapAmb");
+	/* gVisor's /proc/self/status has no CapAmb line. The ambient set is a subset of
+	 * the permitted one, so with CapPrm checked as 0 a missing line cannot hide one. */
+	unsigned long long amb = status_field(status, "CapAmb") ? status_hex(status, "CapAmb") : 0;
 	if (eff || prm || amb)
 		die("capabilities remain (CapEff=%llx CapPrm=%llx CapAmb=%llx); run bwrap with --cap-drop ALL or as an unprivileged user",
 		    eff, prm, amb);
@@ -794,7 +807,10 @@ int main(int argc, char **argv)
 
 	/* (e) Verify the effects instead of trusting return codes. */
 	read_status(status_fd, status, sizeof status);
-	if (status_long(status, "NoNewPrivs") != 1)
+	/* gVisor's /proc/self/status has no NoNewPrivs line: ask the kernel (the Sentry)
+	 * then. The host kernel always has the line, so there nothing changes. */
+	if (status_field(status, "NoNewPrivs") ? status_long(status, "NoNewPrivs") != 1
+					       : prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1)
 		die("verification failed: NoNewPrivs is not 1 after prctl; report a kernel bug");
 	if (s.seccomp_expected && status_long(status, "Seccomp") != SECCOMP_MODE_FILTER)
 		die("verification failed: Seccomp is not 2 (filter) although a filter was asked for; pass --seccomp FD to bwrap or a program in the spec");

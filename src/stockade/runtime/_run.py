@@ -28,7 +28,7 @@ from stockade._exceptions import (
     Unavailable,
 )
 from stockade._process import alive
-from stockade._record import field, record
+from stockade._record import field, record, replace
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
@@ -100,11 +100,24 @@ class RunResult:
         return [e for e in self.events if e.get("verdict") == "deny"]
 
 
+def _gvisor(policy: Policy) -> bool:
+    """Whether this run's container is gVisor's (the policy or ``--backend`` chose it)."""
+    return policy.container.backend == "gvisor"
+
+
 def _require_layers(policy: Policy) -> str | None:
     """Check every requested layer can be applied; return the bwrap path when needed."""
     layers = policy.layers
     bwrap = None
-    if layers.container or layers.egress:
+    if _gvisor(policy):
+        if not layers.container:
+            # gVisor is the container; without it there would be no kernel of its own,
+            # which the policy asked for: refuse rather than run on the host kernel.
+            raise Unavailable(
+                '[container] backend = "gvisor" with the container layer off',
+                "keep the container layer on, or choose --backend bubblewrap",
+            )
+    elif layers.container or layers.egress:
         # Whether user namespaces work is learnt from bwrap's status fd on the real run
         # (a failed set-up never starts the command); probing first would cost a run.
         bwrap = _host.require_bwrap()
@@ -116,7 +129,8 @@ def _require_layers(policy: Policy) -> str | None:
                 "the inner launcher (files and syscalls layers)",
                 "this build has no launcher; run with --disable files --disable syscalls",
             ) from None
-    if layers.files:
+    if layers.files and not _gvisor(policy):
+        # Under gVisor there is no Landlock (ENOSYS): the mount plan is the files layer.
         _host.require_landlock()
     if layers.syscalls and not _host.seccomp_available():
         raise Unavailable(
@@ -249,6 +263,12 @@ def execute(request: RunRequest) -> RunResult:
     if not request.argv:
         raise SandboxError("no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]")
     bwrap = _require_layers(policy)
+    runsc = None
+    if _gvisor(policy):
+        from stockade.enforce import gvisor
+
+        # Missing or too old: Unavailable (exit 125), never a fallback to bubblewrap.
+        runsc = gvisor.require_runsc()
     run_id = os.urandom(6).hex()  # uuid would cost ~10 ms of imports per run
     audit_path = request.audit_path
     if audit_path is None and request.audit_to_file:
@@ -258,13 +278,18 @@ def execute(request: RunRequest) -> RunResult:
         audit.subscribe(request.on_event)
     started = time.monotonic()
     try:
-        return _execute(request, policy, bwrap, audit, started)
+        return _execute(request, policy, bwrap, audit, started, runsc)
     finally:
         audit.close()
 
 
 def _execute(
-    request: RunRequest, policy: Policy, bwrap: str | None, audit: AuditLog, started: float
+    request: RunRequest,
+    policy: Policy,
+    bwrap: str | None,
+    audit: AuditLog,
+    started: float,
+    runsc: Any = None,
 ) -> RunResult:
     caller_env = dict(os.environ if request.caller_env is None else request.caller_env)
     fs = policy.filesystem
@@ -276,7 +301,7 @@ def _execute(
     layers = policy.layers
     # Timestamps on disk come from the kernel's coarse clock: a margin, not an instant.
     wall_started = time.time() - 1.0
-    support = _cgroup_support(policy) if bwrap is not None else None
+    support = _cgroup_support(policy) if bwrap is not None or runsc is not None else None
     audit.emit(
         "run_start",
         policy_hash=policy.digest(),
@@ -309,7 +334,8 @@ def _execute(
         or (approval is not None and approval.active)
     )
     # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
-    handshake = support is not None or needs_proxy
+    # The gVisor entry always speaks the handshake (it makes the namespaces, then waits).
+    handshake = support is not None or needs_proxy or runsc is not None
 
     protection = paths.Protection((), (), ())
     claim: _placeholders.Claim | None = None
@@ -366,7 +392,9 @@ def _execute(
             )
             if layers.container:
                 claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
-                launcher_binds = layers.files and use_launcher and _host.mount_api()
+                launcher_binds = (
+                    layers.files and use_launcher and runsc is None and _host.mount_api()
+                )
                 # When the launcher binds, the placeholders are first needed once the
                 # sandbox is let go: with a handshake, they are made while bubblewrap
                 # starts (_Start.release).
@@ -460,7 +488,19 @@ def _execute(
                 )
             command = list(request.argv)
             launcher_fd = exe_fd = -1
-            if use_launcher:
+            sandbox: Any = None
+            if runsc is not None:
+                from stockade.runtime._gvisor import GvisorRun
+
+                sandbox = GvisorRun(runsc, scratch.path, audit.run_id)
+                if use_launcher:
+                    binary, spec = _launcher_spec(policy, plan, scratch, use_pty, gvisor=True)
+                    plan = replace(plan, files=(*plan.files, *sandbox.launcher_files(binary, spec)))
+                    from stockade.enforce.gvisor import LAUNCHER_INSIDE, SPEC_INSIDE
+
+                    command = [LAUNCHER_INSIDE, SPEC_INSIDE, "--", *command]
+                sandbox.write_bundle(plan, command, child_env)
+            elif use_launcher:
                 prefix, launcher_fd = _launcher(policy, plan, scratch, use_pty)
                 if bwrap is not None and (layers.container or layers.egress):
                     # bwrap execs the launcher through a descriptor (its /proc/self/fd
@@ -492,7 +532,12 @@ def _execute(
                     argv=tuple(request.argv),
                 )
             status_r = status_w = -1
-            if bwrap is not None and (layers.container or layers.egress):
+            spawn_env = child_env
+            if sandbox is not None and start is not None:
+                argv = sandbox.argv(start.info_w, start.block_r)
+                spawn_env = sandbox.env()
+                depth = 0  # runsc run forwards signals to the command itself
+            elif bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
                 argv = bubblewrap.build_argv(
                     plan,
@@ -513,7 +558,7 @@ def _execute(
             try:
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
                     argv,
-                    child_env,
+                    spawn_env,
                     cwd,
                     request,
                     depth,
@@ -533,6 +578,8 @@ def _execute(
                         os.close(fd)
                 if start is not None:
                     start.close()
+                if sandbox is not None:
+                    sandbox.cleanup()
                 if own_plan and egress_plan is not None:
                     egress_plan.close()
     finally:
@@ -593,6 +640,31 @@ def _launcher(
     """Build the inner launcher's spec for this run; return its argv prefix and spec fd."""
     from stockade.enforce import launcher
 
+    return launcher.prepare(_launcher_plan(policy, plan, scratch, ctty))
+
+
+def _launcher_spec(
+    policy: Policy, plan: bubblewrap.ContainerPlan, scratch: _Scratch, ctty: bool, *, gvisor: bool
+) -> tuple[Path, bytes]:
+    """The launcher binary and its serialised spec, for a sandbox that takes no fds
+    (gVisor): the spec is bound in as a file."""
+    from stockade.enforce import launcher
+
+    spec = _launcher_plan(policy, plan, scratch, ctty, gvisor=gvisor)
+    return launcher.build_launcher(), launcher.serialize(spec)
+
+
+def _launcher_plan(
+    policy: Policy,
+    plan: bubblewrap.ContainerPlan,
+    scratch: _Scratch,
+    ctty: bool,
+    *,
+    gvisor: bool = False,
+) -> Any:
+    """The :class:`~stockade.enforce.launcher.LauncherSpec` for this run."""
+    from stockade.enforce import launcher
+
     layers = policy.layers
     fs = policy.filesystem
     system = [p for p in SYSTEM_PATHS if os.path.exists(p)]
@@ -619,20 +691,21 @@ def _launcher(
     # What is bound in to be read (the resolver's files, trust stores) is read by Landlock's
     # leave too; in the netns-only form plan.read holds the trust stores alone.
     extra_read = [*map(str, plan.read), *(inside for _, inside in plan.files)]
-    spec = launcher.LauncherSpec(
+    return launcher.LauncherSpec(
         read_paths=(*read, *map(str, fs.read), *extra_read),
         write_paths=tuple(write),
-        landlock=layers.files,
-        scope=layers.files and _host.landlock_abi() >= 6,
+        # gVisor has no Landlock (ENOSYS): there the mount plan is the files layer.
+        landlock=layers.files and not gvisor,
+        scope=layers.files and not gvisor and _host.landlock_abi() >= 6,
         seccomp_bpf=_seccomp_filter() if layers.syscalls else None,
         seccomp_expected=layers.syscalls,
         rlimits=tuple(rlimits),
         ctty=ctty,
-        # bubblewrap drops every capability (--cap-drop ALL); without it, the launcher does.
+        # bubblewrap drops every capability (--cap-drop ALL); without it, the launcher
+        # does. Under gVisor the spec's capability sets are empty.
         drop_caps=not (layers.container or layers.egress),
-        mounts=tuple(bubblewrap.launcher_mounts(plan)),
+        mounts=() if gvisor else tuple(bubblewrap.launcher_mounts(plan)),
     )
-    return launcher.prepare(spec)
 
 
 def _report_nested_repositories(workspace: Path, since: float, audit: AuditLog) -> None:

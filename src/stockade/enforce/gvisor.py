@@ -1,0 +1,390 @@
+"""The ``container`` layer on gVisor: the OCI bundle and the ``runsc`` invocation.
+
+With ``[container] backend = "gvisor"`` the command runs on gVisor's own kernel in user
+space (the Sentry) instead of on the host kernel: a kernel bug in a system call the
+command makes is then a bug in the Sentry, which itself runs under a tight host seccomp
+filter. The file system is built from the very :class:`~.bubblewrap.ContainerPlan` that
+bubblewrap's argv comes from, mapped to OCI mounts (``docs/gvisor.md``, and the research
+in ``transparent-gvisor.md`` §B.3/§B.8):
+
+=================  ==========================================================
+plan field         mount
+=================  ==========================================================
+system paths       read-only binds (merged-/usr symlinks recreated in rootfs)
+secret files       ``/dev/null`` binds; secret directories an empty tmpfs
+home               a fresh tmpfs (Sentry memory, gone with the sandbox)
+toolchains, read   read-only binds
+workspace, write   read-write binds (never an overlay: writes reach the disk)
+protected          read-only binds over the writable ones
+masked files/dirs  ``/dev/null`` binds / empty tmpfs
+files              read-only file binds (resolver files, CA bundle, launcher)
+=================  ==========================================================
+
+Landlock does not exist under gVisor (ENOSYS), so the inner launcher runs with it off and
+the mount plan *is* the files layer; the launcher still applies seccomp (where a KILL
+action stops only the offending thread) and the rlimits.
+
+Networking: runsc runs with ``--network=host`` inside a user and network namespace that
+stockade makes itself (:data:`ENTRY_SCRIPT`), so the egress proxy's listener, the
+resolver and the transparent capture are put there by the same helper as for
+bubblewrap, and the egress layer applies unchanged.
+
+Everything but :func:`find_runsc` / :func:`runsc_version` is pure, so the bundle can be
+tested without running anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stockade._exceptions import Unavailable
+from stockade._record import record
+from stockade.enforce.bubblewrap import STOCKADE_DIR, ContainerPlan, _secret_masks
+
+__all__ = [
+    "ENTRY_SCRIPT",
+    "MIN_RELEASE",
+    "PREFERRED_RELEASE",
+    "Runsc",
+    "build_bundle",
+    "cache_dir",
+    "entry_argv",
+    "find_runsc",
+    "inside_gvisor",
+    "parse_version",
+    "platform_for",
+    "require_runsc",
+    "runsc_argv",
+    "runsc_version",
+]
+
+#: The oldest runsc accepted: release-20230227.0 stopped refusing statx's
+#: AT_NO_AUTOMOUNT, without which coreutils' ``ls`` and ``stat`` fail (Debian 12's
+#: release-20221219 breaks them: "ls: cannot access '/': Invalid argument").
+MIN_RELEASE: tuple[int, int] = (20230227, 0)
+#: From here the caller's uid can be used inside (otherwise the command runs as uid 0 in
+#: the Sentry, which tools that refuse root notice); informational only.
+PREFERRED_RELEASE: tuple[int, int] = (20250915, 0)
+#: systrap replaced ptrace as the default platform in release-20230621.0.
+_SYSTRAP_SINCE: tuple[int, int] = (20230621, 0)
+
+_VERSION_RE = re.compile(r"(?:release-|0\.0~)?(\d{8})\.(\d+)")
+
+#: How to get a usable runsc, for every refusal.
+GET_RUNSC = (
+    "run 'STOCKADE_GVISOR=1 scripts/setup' (or scripts/get-runsc) to put Debian 13's runsc "
+    "in ~/.cache/stockade/runsc, or put a runsc release >= release-20230227.0 on PATH "
+    "(https://gvisor.dev/docs/user_guide/install/)"
+)
+
+
+@record
+class Runsc:
+    """A runsc binary and the release it reported."""
+
+    path: Path
+    release: tuple[int, int]
+    text: str
+
+    @property
+    def platform(self) -> str:
+        """The platform stockade selects for it (never KVM)."""
+        return platform_for(self.release)
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """The release in ``runsc --version`` output: upstream ``release-20240729.0`` or
+    Debian's ``0.0~20240729.0``, as ``(20240729, 0)``; None when there is none."""
+    for line in text.splitlines():
+        if "version" in line:
+            match = _VERSION_RE.search(line)
+            if match:
+                return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def platform_for(release: tuple[int, int]) -> str:
+    """systrap where the release has it, else ptrace. KVM is never chosen: it needs
+    /dev/kvm (it hangs under nested virtualisation) and gVisor advises systrap in VMs."""
+    return "systrap" if release >= _SYSTRAP_SINCE else "ptrace"
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/stockade/runsc`` (``~/.cache`` when unset): where
+    ``scripts/get-runsc`` puts ``<version>/runsc``."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "stockade" / "runsc"
+
+
+def find_runsc(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$STOCKADE_RUNSC`` if set; else the newest runsc in the cache; else on PATH."""
+    env = os.environ if env is None else env
+    named = env.get("STOCKADE_RUNSC")
+    if named:
+        return Path(named)
+    try:
+        cached = [
+            entry / "runsc"
+            for entry in cache_dir(env).iterdir()
+            if os.access(entry / "runsc", os.X_OK)
+        ]
+    except OSError:
+        cached = []
+    if cached:
+        # Directory names are versions; compare them as releases, not as strings.
+        return max(cached, key=lambda p: parse_version(f"version {p.parent.name}") or (0, 0))
+    found = shutil.which("runsc", path=env.get("PATH"))
+    return Path(found) if found else None
+
+
+def runsc_version(path: Path) -> Runsc:
+    """Ask ``path --version``; raise :class:`Unavailable` when it cannot be read."""
+    try:
+        out = subprocess.run(
+            [str(path), "--version"], capture_output=True, timeout=10, check=False
+        ).stdout.decode(errors="replace")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"runsc at {path} ({exc})", GET_RUNSC) from None
+    release = parse_version(out)
+    if release is None:
+        raise Unavailable(
+            f"runsc at {path} (no release in its --version output {out.strip()[:80]!r})",
+            GET_RUNSC,
+        )
+    return Runsc(path, release, out.strip().splitlines()[0] if out.strip() else "")
+
+
+def require_runsc(env: Mapping[str, str] | None = None) -> Runsc:
+    """The runsc to use, or :class:`Unavailable` (missing, unreadable or too old).
+
+    There is never a fallback to bubblewrap: a policy that asks for a kernel of its own
+    does not get the host's instead.
+    """
+    path = find_runsc(env)
+    if path is None:
+        raise Unavailable('runsc (gVisor) for [container] backend = "gvisor"', GET_RUNSC)
+    found = runsc_version(path)
+    if found.release < MIN_RELEASE:
+        have = f"{found.release[0]:08d}.{found.release[1]}"
+        raise Unavailable(
+            f"runsc release-{have} at {path} is older than release-20230227.0 (its statx "
+            "breaks ls and stat on Debian 12's coreutils)",
+            GET_RUNSC,
+        )
+    return found
+
+
+def inside_gvisor(proc_version: str | None = None, dmesg: str | None = None) -> bool:
+    """Whether this process itself runs on gVisor (GKE Sandbox, Modal): its fake
+    ``/proc/version`` (Linux 4.4.0 and no build host) and its ``dmesg`` banner."""
+    if dmesg is not None and "Starting gVisor" in dmesg:
+        return True
+    if proc_version is None:
+        try:
+            proc_version = Path("/proc/version").read_text()
+        except OSError:
+            return False
+    return proc_version.startswith("Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016")
+
+
+# --- the bundle ------------------------------------------------------------------------
+
+_MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def rootfs_symlinks(system_paths: Sequence[str]) -> list[tuple[str, str]]:
+    """``(name, target)`` for each system path that is a symlink on the host (merged
+    /usr: ``/lib64 -> usr/lib64``); the rootfs holds them, or the ELF interpreter is
+    missing ("failed to load /usr/bin/sh")."""
+    out = []
+    for path in system_paths:
+        if os.path.islink(path) and path.count("/") == 1:
+            out.append((path.lstrip("/"), os.readlink(path)))
+    return out
+
+
+def _bind(source: str, destination: str, *, ro: bool) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "ro" if ro else "rw"],
+    }
+
+
+def _tmpfs(destination: str, *, ro: bool = False) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", "ro" if ro else "rw"],
+    }
+
+
+def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
+    """The OCI mounts for ``plan``, in the order they must be made (later ones cover
+    earlier ones, as bubblewrap's arguments do)."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": []},
+        # gVisor fills a tmpfs /dev with its own null, zero, random, tty, ...
+        _tmpfs("/dev"),
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": []},
+        _tmpfs("/dev/shm"),
+    ]
+    for path in plan.system_paths:
+        if os.path.islink(path):
+            continue  # a symlink in the rootfs (rootfs_symlinks)
+        if os.path.exists(path):
+            mounts.append(_bind(path, path, ro=True))
+    for kind, secret in _secret_masks():
+        mounts.append(
+            _tmpfs(secret, ro=True) if kind == "t" else _bind("/dev/null", secret, ro=True)
+        )
+    mounts += [_tmpfs("/tmp"), _tmpfs("/var/tmp"), _tmpfs("/run"), _tmpfs(str(plan.home))]
+    mounts += [_bind(str(p), str(p), ro=True) for p in plan.toolchains]
+    mounts += [_bind(str(p), str(p), ro=True) for p in plan.read if p.exists()]
+    mounts.append(_bind(str(plan.workspace), str(plan.workspace), ro=False))
+    mounts += [_bind(str(p), str(p), ro=False) for p in plan.write if p.exists()]
+    # Pinned directories need nothing here: a rename of a bind mount point fails with
+    # EBUSY in the Sentry as on the host, and every protected path is a mount below.
+    mounts += [_bind(str(p), str(p), ro=True) for p in plan.protected]
+    mounts += [_tmpfs(str(p), ro=True) for p in plan.masked_dirs]
+    mounts += [_bind("/dev/null", str(p), ro=True) for p in plan.masked_files]
+    mounts += [_bind(str(host), inside, ro=True) for host, inside in plan.files]
+    return mounts
+
+
+def build_bundle(
+    plan: ContainerPlan,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    rootfs: str = "rootfs",
+    terminal: bool = False,
+) -> dict[str, Any]:
+    """The OCI ``config.json`` document that runs ``args`` under ``plan``.
+
+    ``env`` is the child's environment, built from the allow-list (placeholders, never a
+    credential the proxy binds). The document is written to a private directory, and
+    nothing in it is visible inside the sandbox.
+    """
+    if not plan.isolate:
+        raise ValueError("the gvisor backend is the container layer; it has no netns-only form")
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": terminal,
+            # uid 0 of the Sentry, mapped to the caller: runsc before release-20250915
+            # cannot map another uid onto a single-uid namespace. It holds no capability.
+            "user": {"uid": 0, "gid": 0},
+            "args": list(args),
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": str(plan.cwd or plan.workspace),
+            "capabilities": {
+                name: []
+                for name in ("bounding", "effective", "inheritable", "permitted", "ambient")
+            },
+            "noNewPrivileges": True,
+        },
+        "root": {"path": rootfs, "readonly": True},
+        "hostname": plan.hostname,
+        "mounts": bundle_mounts(plan),
+        "linux": {
+            # No "network": runsc --network=host keeps the Sentry in the namespace
+            # stockade made and equipped. No "seccomp": runsc ignores it without
+            # --oci-seccomp, and the launcher loads stockade's filter itself.
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
+        },
+    }
+
+
+def runsc_argv(
+    runsc: Runsc, state: str, bundle: str, container_id: str, *, platform: str | None = None
+) -> list[str]:
+    """``runsc ... run`` for a bundle; ``platform`` overrides :func:`platform_for` (the
+    user asked for one, e.g. kvm)."""
+    return [
+        str(runsc.path),
+        f"--root={state}",
+        # rootless: the runsc tree lives in stockade's cgroup, which the runtime made.
+        "--ignore-cgroups",
+        "--network=host",
+        f"--platform={platform or runsc.platform}",
+        # Pinned: the default changed in 2023 (root:self), and the workspace must never
+        # be an overlay (writes must reach the disk). The rootfs is read-only anyway.
+        "--overlay2=none",
+        "run",
+        f"--bundle={bundle}",
+        container_id,
+    ]
+
+
+# --- the entry: a user and network namespace of stockade's own, then runsc -------------
+
+#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD -- RUNSC...``.
+#: It speaks bubblewrap's ``--info-fd``/``--block-fd`` protocol, so the runtime's start
+#: handshake (cgroup, proxy listener, capture) is the same for both backends.
+ENTRY_SCRIPT = r"""
+import ctypes, fcntl, os, socket, struct, sys
+uid, gid, ppid, info, block = map(int, sys.argv[1:6])
+argv = sys.argv[7:]
+libc = ctypes.CDLL(None, use_errno=True)
+def die(what):
+    e = ctypes.get_errno()
+    os.write(2, ("stockade: gvisor entry: %s failed: %s\n" % (what, os.strerror(e) if e else "")).encode())
+    os._exit(125)
+# Die with stockade (SIGKILL), and across the exec into runsc; runsc's own sandbox and
+# gofer die with it in turn. A parent already gone means nobody will release us.
+if libc.prctl(1, 9, 0, 0, 0) != 0:
+    die("prctl(PR_SET_PDEATHSIG)")
+if os.getppid() != ppid:
+    os._exit(125)
+if libc.unshare(0x10000000 | 0x40000000) != 0:
+    die("unshare(CLONE_NEWUSER|CLONE_NEWNET)")
+for name, text in (("setgroups", "deny"), ("uid_map", "0 %d 1" % uid), ("gid_map", "0 %d 1" % gid)):
+    with open("/proc/self/" + name, "w") as f:
+        f.write(text)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+req = struct.pack("16sH14x", b"lo", 0)
+flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
+s.close()
+os.write(info, b'{"child-pid": %d}' % os.getpid())
+os.close(info)
+if os.read(block, 1) != b"1":
+    os._exit(125)
+os.close(block)
+os.execv(argv[0], argv)
+"""
+
+
+def entry_argv(
+    python: str, uid: int, gid: int, ppid: int, info_fd: int, block_fd: int, runsc: Sequence[str]
+) -> list[str]:
+    """The outermost argv of a gVisor run: :data:`ENTRY_SCRIPT`, then ``runsc``."""
+    return [
+        python,
+        "-I",
+        "-S",
+        "-c",
+        ENTRY_SCRIPT,
+        str(uid),
+        str(gid),
+        str(ppid),
+        str(info_fd),
+        str(block_fd),
+        "--",
+        *runsc,
+    ]
+
+
+#: where the launcher and its spec appear inside a gVisor sandbox (runsc passes no fds)
+LAUNCHER_INSIDE = f"{STOCKADE_DIR}/launcher"
+SPEC_INSIDE = f"{STOCKADE_DIR}/launcher.spec"
