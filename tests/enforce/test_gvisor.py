@@ -61,7 +61,7 @@ def test_each_plan_field_becomes_its_mount(tmp_path: Path) -> None:
     if os.path.exists("/etc/shadow"):
         assert by["/etc/shadow"][0]["source"] == "/dev/null"
     # Protected paths come after the workspace bind they cover; masks after both.
-    order = [m["destination"] for m in doc["mounts"]]  # type: ignore[attr-defined]
+    order = [m["destination"] for m in doc["mounts"]]
     assert order.index(ws) < order.index(str(p.workspace / ".git" / "hooks"))
     assert order.index("/tmp") < order.index(str(p.home))
 

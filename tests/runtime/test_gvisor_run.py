@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ def runsc() -> str:
 
 
 @pytest.fixture
-def gworld(world: World, runsc: str) -> Iterator[World]:
+def gworld(world: World, runsc: str) -> World:
     # The world's HOME is a fake one: name the runsc to use explicitly.
     world.env["STOCKADE_RUNSC"] = runsc
     return world
