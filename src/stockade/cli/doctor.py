@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -184,7 +185,67 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
         }
     )
     out.append(upstream_check(policy_path, url))
+    out.append(gvisor_check())
     return out
+
+
+def gvisor_check() -> dict[str, object]:
+    """runsc for ``[container] backend = "gvisor"``: its release and platform, and
+    whether a rootless sandbox starts here; and whether stockade itself runs on gVisor,
+    where bubblewrap cannot make a network namespace (gvisor #13438) and Landlock is
+    ENOSYS. Missing runsc is fine (the backend is optional)."""
+    from stockade import Unavailable
+    from stockade.enforce import gvisor
+
+    check: dict[str, object] = {"name": "gvisor", "ok": True, "fix": "", "layers": ["container"]}
+    if gvisor.inside_gvisor():
+        check.update(
+            ok=False,
+            detail="stockade itself runs inside gVisor (a GKE Sandbox or Modal host): "
+            "bubblewrap cannot make a network namespace here and Landlock is ENOSYS",
+            fix="rely on the platform's own sandbox and egress controls, or run stockade on a "
+            "host or VM with a Linux kernel of its own",
+        )
+        return check
+    path = gvisor.find_runsc()
+    if path is None:
+        check.update(detail="runsc not installed (optional: backend gvisor)", fix=gvisor.GET_RUNSC)
+        return check
+    try:
+        found = gvisor.require_runsc()
+    except Unavailable as exc:
+        check.update(detail=f"{exc} (backend gvisor is refused)", fix=gvisor.GET_RUNSC)
+        return check
+    have = f"release-{found.release[0]:08d}.{found.release[1]}"
+    try:
+        probe = subprocess.run(
+            [
+                str(found.path),
+                "--rootless",
+                "--network=none",
+                f"--platform={found.platform}",
+                "do",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        works, why = probe.returncode == 0, probe.stderr.strip().splitlines()[-1:] or [""]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        works, why = False, [str(exc)]
+    kvm = "; /dev/kvm present (never used unless asked)" if os.path.exists("/dev/kvm") else ""
+    check.update(
+        ok=works,
+        detail=f"{found.path} ({have}, platform {found.platform}); rootless probe "
+        + ("works" if works else f"failed: {why[0][:120]}")
+        + kvm,
+        fix=""
+        if works
+        else "see docs/gvisor.md; 'runsc --rootless --network=none do true' must work",
+    )
+    return check
 
 
 def execute(args: argparse.Namespace) -> int:
