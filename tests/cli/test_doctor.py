@@ -37,6 +37,7 @@ def test_doctor_reports_what_this_host_has() -> None:
         "limits",
         "transparent egress",
         "upstream proxy",
+        "gvisor",
     }
     assert all(c["ok"] for c in checks.values())
     assert checks["landlock"]["detail"].startswith(f"ABI {_host.landlock_abi()}")
