@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,3 +443,29 @@ def test_every_decision_is_audited_with_its_pod(world: World) -> None:
     assert by_path["/audit-a"]["pod_uid"] == "uid-pod-a"
     assert by_path["/audit-b"]["verdict"] == "deny"
     assert by_path["/audit-b"]["pod"] == "pod-b"
+
+
+def test_rotated_credential_is_used_by_the_next_request(world: World) -> None:
+    # A Secret volume update swaps the file (here: an atomic rename); the next
+    # connection must carry the new value, the old one no longer.
+    secrets = world.gateway.audit_path.parent / "secrets"
+    rotated = "real-key-rotated-9d8c7b6a5f4e"
+    new = secrets / ".API_KEY.new"
+    new.write_text(rotated)
+    os.replace(new, secrets / "API_KEY")
+    generation = max(
+        e.get("generation", 0) for e in world.gateway.events() if e["event"] == "policy_loaded"
+    )
+    deadline = time.monotonic() + 5
+    while not any(
+        e["event"] == "policy_loaded" and e["generation"] > generation
+        for e in world.gateway.events()
+    ):
+        assert time.monotonic() < deadline, "the gateway did not reload its credentials"
+        time.sleep(0.05)
+    key = {"x-api-key": PLACEHOLDER}
+    status, _, _ = world.https(
+        POD_A, "api.test", "POST", "/v1/messages", cafile=world.gateway_ca, headers=key
+    )
+    assert status == 200
+    assert world.seen("/v1/messages")[-1].headers["x-api-key"] == rotated

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ class Generation:
     serving: dict[str, Any] = field(default_factory=dict)
 
 
-def _signature(directory: Path) -> tuple[Any, ...]:
+def _signature(directory: Path, suffix: str = ".toml") -> tuple[Any, ...]:
     out: list[Any] = []
     try:
         data = directory / "..data"
@@ -49,7 +49,7 @@ def _signature(directory: Path) -> tuple[Any, ...]:
     except OSError as exc:
         return ("unreadable", str(exc))
     for name in entries:
-        if name.startswith(".") or not name.endswith(".toml"):
+        if name.startswith(".") or not name.endswith(suffix):
             continue
         try:
             st = os.stat(directory / name)  # follows the ConfigMap's symlinks
@@ -65,14 +65,20 @@ class PolicyDirectory:
 
     ``build`` turns a loaded generation's policies into their serving objects; it runs
     before the swap, so an error there (a policy whose secret is missing) keeps the old
-    generation too.
+    generation too. A change to any file of ``watch`` (the mounted credentials and CA:
+    Secret volumes, updated by the same ``..data`` swap) makes a new generation too, so
+    that rotated values are built in.
     """
 
     def __init__(
-        self, directory: Path, build: Callable[[Mapping[str, Policy]], dict[str, Any]]
+        self,
+        directory: Path,
+        build: Callable[[Mapping[str, Policy]], dict[str, Any]],
+        watch: Sequence[Path] = (),
     ) -> None:
         self.directory = directory
         self.build = build
+        self.watch = tuple(watch)
         self.current: Generation | None = None
         self._signature: tuple[Any, ...] | None = None
         self.last_error = ""
@@ -113,7 +119,10 @@ class PolicyDirectory:
         """The new generation when the directory changed and loads; else None (the
         reason of a failed load is in :attr:`last_error`, and it is retried only once
         the directory changes again)."""
-        signature = _signature(self.directory)
+        signature = (
+            _signature(self.directory),
+            *(_signature(d, "") if d.is_dir() else () for d in self.watch),
+        )
         if signature == self._signature and self.current is not None:
             return None
         self._signature = signature

@@ -150,8 +150,10 @@ class Gateway:
             backoff=backoff,
         )
         self.reviewer = TokenReviewer(kube, config.audience) if config.tokens else None
-        self._ca: Any = None
-        self.store = PolicyDirectory(config.policies, self._build)
+        watched = (config.secrets_dir, config.ca_dir)
+        self.store = PolicyDirectory(
+            config.policies, self._build, watch=[d for d in watched if d is not None]
+        )
         #: open connections per pod UID: task -> (proxy, policy name)
         self._open: dict[str, dict[asyncio.Task[None], tuple[EgressProxy, str]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -179,6 +181,7 @@ class Gateway:
         """One EgressProxy per policy, sharing the cluster's refused addresses."""
         serving: dict[str, Any] = {}
         env: dict[str, str] | None = None
+        ca: Any = None
         for name, policy in policies.items():
             net = policy.network
             rules = EgressRules(
@@ -201,8 +204,8 @@ class Gateway:
                 from stockade.egress.inspect import InspectLayer, SecretStore
                 from stockade.egress.inspect._secrets import ResolvedSecret
 
-                if self._ca is None:
-                    self._ca = load_ca(self.config.ca_dir)
+                if ca is None:  # read again for every generation: it may have rotated
+                    ca = load_ca(self.config.ca_dir)
                 env = self._secret_env() if env is None else env
                 store = SecretStore.resolve(policy.secrets, env)
                 if self.config.secrets_dir is not None:
@@ -220,7 +223,7 @@ class Gateway:
                         ]
                     )
                 inspect = InspectLayer.from_policy(
-                    policy, self._ca, self._event(name), secrets=store, environ=env
+                    policy, ca, self._event(name), secrets=store, environ=env
                 )
             serving[name] = EgressProxy(
                 rules,
