@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,6 +77,9 @@ class FakeApiServer:
         self.review_delay = 0.0
         self._server: asyncio.Server | None = None
         self._watchers: list[asyncio.Queue[dict[str, Any] | None]] = []
+        #: every event with its resourceVersion: a watch from version N replays those after
+        #: N, as the real API server does (a change between a list and its watch is kept)
+        self.history: list[tuple[int, dict[str, Any]]] = []
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -117,6 +121,7 @@ class FakeApiServer:
         self._notify({"type": "DELETED", "object": obj})
 
     def _notify(self, event: dict[str, Any]) -> None:
+        self.history.append((self.version, event))
         for queue in self._watchers:
             queue.put_nowait(event)
 
@@ -139,7 +144,8 @@ class FakeApiServer:
                 await asyncio.sleep(self.review_delay)
                 await self._answer(writer, 201, self._review(json.loads(body)))
             elif method == "GET" and path.endswith("/pods") and "watch=1" in query:
-                await self._watch(writer)
+                since = urllib.parse.parse_qs(query).get("resourceVersion", ["0"])[0]
+                await self._watch(writer, int(since or "0"))
             elif method == "GET" and path.endswith("/pods"):
                 items = [
                     p
@@ -200,8 +206,11 @@ class FakeApiServer:
         )
         await writer.drain()
 
-    async def _watch(self, writer: asyncio.StreamWriter) -> None:
+    async def _watch(self, writer: asyncio.StreamWriter, since: int) -> None:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        for version, event in self.history:
+            if version > since:
+                queue.put_nowait(event)
         self._watchers.append(queue)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
