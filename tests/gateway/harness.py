@@ -208,9 +208,9 @@ class FakeApiServer:
 
     async def _watch(self, writer: asyncio.StreamWriter, since: int) -> None:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        for version, event in self.history:
+        for version, past in self.history:
             if version > since:
-                queue.put_nowait(event)
+                queue.put_nowait(past)
         self._watchers.append(queue)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
