@@ -38,7 +38,6 @@ import tempfile
 import threading
 import time
 import uuid
-import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +48,11 @@ import trustme
 
 from tests.conftest import SECRET_ENV, World, require
 
+# The package both suites install: one wheel builder.
+from tests.runtime.test_toolchains import MESSAGE, PKG, tiny_wheel
+
 PROGRAMS = Path(__file__).parent / "programs"
 MODES = ("proxy", "transparent")
-PKG = "stockadetiny"
-MESSAGE = "hello from stockadetiny"
 #: the stand-in of a real credential bound to the inspected hosts
 REAL_KEY = "sk-real-clients-0123456789abcdef"
 
@@ -131,34 +131,6 @@ def require_client(client: str) -> None:
 
 
 # --- what the servers serve ----------------------------------------------------------------
-
-
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def tiny_wheel() -> tuple[str, bytes]:
-    """A pure-Python wheel written by hand: ``stockadetiny`` 1.0 with a MESSAGE."""
-    name = f"{PKG}-1.0-py3-none-any.whl"
-    info = f"{PKG}-1.0.dist-info"
-    files = {
-        f"{PKG}/__init__.py": f"MESSAGE = {MESSAGE!r}\n".encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {PKG}\nVersion: 1.0\n".encode(),
-        f"{info}/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: stockade-tests\nRoot-Is-Purelib: true\n"
-            b"Tag: py3-none-any\n"
-        ),
-    }
-    record = "".join(
-        f"{path},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}\n"
-        for path, data in files.items()
-    )
-    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return name, buf.getvalue()
 
 
 def tiny_tarball() -> bytes:

@@ -59,13 +59,20 @@ def pool() -> AddressPool:
     return AddressPool()
 
 
-def test_tls_capture_reaches_the_pinned_host_when_sni_matches(
+def captured_tls(
     make_proxy: Make, pool: AddressPool, tls_server: TLSServer
-) -> None:
+) -> tuple[ProxyHarness, socket.socket]:
+    """A proxy capturing allowed.test's TLS port, and a client connected to it there."""
     h = make_proxy(tls_ports=(443, tls_server.port), pool=pool)
     address = str(pool.issue("allowed.test"))
     capture(h, address, tls_server.port)
-    raw = socket.create_connection((address, tls_server.port), timeout=TIMEOUT)
+    return h, socket.create_connection((address, tls_server.port), timeout=TIMEOUT)
+
+
+def test_tls_capture_reaches_the_pinned_host_when_sni_matches(
+    make_proxy: Make, pool: AddressPool, tls_server: TLSServer
+) -> None:
+    h, raw = captured_tls(make_proxy, pool, tls_server)
     with tls_server.client_context().wrap_socket(raw, server_hostname="allowed.test") as tls:
         tls.sendall(b"ping")
         assert tls.recv(100) == b"echo:ping"
@@ -83,10 +90,7 @@ def test_tls_capture_reaches_the_pinned_host_when_sni_matches(
 def test_tls_capture_refuses_another_sni(
     make_proxy: Make, pool: AddressPool, tls_server: TLSServer
 ) -> None:
-    h = make_proxy(tls_ports=(443, tls_server.port), pool=pool)
-    address = str(pool.issue("allowed.test"))
-    capture(h, address, tls_server.port)
-    raw = socket.create_connection((address, tls_server.port), timeout=TIMEOUT)
+    h, raw = captured_tls(make_proxy, pool, tls_server)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE

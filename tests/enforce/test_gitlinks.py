@@ -99,8 +99,9 @@ git update-index --add --cacheinfo 160000,$(git -C sub rev-parse HEAD),sub
 """
 
 
-@pytest.mark.usefixtures("kernel")
-def test_a_run_that_nests_a_repository_is_reported(world: World) -> None:
+def run_in_repository(world: World, script: str) -> tuple[str, list[dict[str, object]]]:
+    """``sh -c script`` in the sandbox, in a workspace that is a git repository with one
+    commit; stderr and the audit events."""
     require(shutil.which("git") is not None, "git is not installed")
     ws = world.workspace
     git(ws, "init", "-q")
@@ -108,31 +109,27 @@ def test_a_run_that_nests_a_repository_is_reported(world: World) -> None:
     git(ws, "commit", "-qm", "base")
     audit = world.root / "audit.jsonl"
     env = dict(world.env, **GIT_ENV)
-    proc = world.stockade("run", "--audit", str(audit), "--", "sh", "-c", SCRIPT, env=env)
+    proc = world.stockade("run", "--audit", str(audit), "--", "sh", "-c", script, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "nested a repository at sub" in proc.stderr
-    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    return proc.stderr, [json.loads(line) for line in audit.read_text().splitlines()]
+
+
+@pytest.mark.usefixtures("kernel")
+def test_a_run_that_nests_a_repository_is_reported(world: World) -> None:
+    stderr, events = run_in_repository(world, SCRIPT)
+    assert "nested a repository at sub" in stderr
     (found,) = [e for e in events if e["event"] == "git_nested_repository"]
-    assert found["path"] == str(ws / "sub")
+    assert found["path"] == str(world.workspace / "sub")
     assert found["verdict"] == "report"
 
 
 @pytest.mark.usefixtures("kernel")
 def test_a_run_that_commits_is_not_reported(world: World) -> None:
-    require(shutil.which("git") is not None, "git is not installed")
-    ws = world.workspace
-    git(ws, "init", "-q")
-    git(ws, "add", ".")
-    git(ws, "commit", "-qm", "base")
-    audit = world.root / "audit.jsonl"
-    env = dict(world.env, **GIT_ENV)
     script = (
         "echo more >> README && git add README && "
         "git -c user.name=t -c user.email=t@example.test commit -qm more"
     )
-    proc = world.stockade("run", "--audit", str(audit), "--", "sh", "-c", script, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert "nested a repository" not in proc.stderr
-    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    stderr, events = run_in_repository(world, script)
+    assert "nested a repository" not in stderr
     assert not [e for e in events if e["event"] == "git_nested_repository"]
-    assert git(ws, "log", "--format=%s", "-1") == "more"
+    assert git(world.workspace, "log", "--format=%s", "-1") == "more"

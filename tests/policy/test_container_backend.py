@@ -9,24 +9,7 @@ import pytest
 
 from stockade import PolicyError
 from stockade.policy import load_policy, parse_policy_text
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(h / ".config"))
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    monkeypatch.chdir(ws)
-    return h
-
-
-def user_policy(home: Path, text: str) -> None:
-    path = home / ".config" / "stockade" / "policy.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+from tests.policy.conftest import user_policy
 
 
 def test_bubblewrap_by_default_and_the_digest_is_unchanged(home: Path) -> None:

@@ -12,18 +12,6 @@ from stockade.policy import load_policy, parse_policy_text
 from stockade.policy._units import format_size, parse_size
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(h / ".config"))
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    monkeypatch.chdir(ws)
-    return h
-
-
 def test_builtin_default_is_workspace_rw_no_network(home: Path) -> None:
     p = load_policy()
     assert p.filesystem.workspace == Path.cwd().resolve()
