@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import SECRET_ENV, SECRET_FILES, World, require
 
 GVISOR = ("--backend", "gvisor")
+#: The user's cache as it was when the tests were collected: a session fixture elsewhere
+#: points XDG_CACHE_HOME at a private cache for the run (tests/enforce/conftest.py).
+CACHE_ENV = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME")}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,8 @@ def runsc() -> str:
     from stockade.enforce import gvisor
 
     try:
-        found = gvisor.require_runsc()
+        env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+        found = gvisor.require_runsc({**env, **CACHE_ENV})
     except Unavailable as exc:
         require(False, f"runsc: {exc}")
         raise
