@@ -6,7 +6,9 @@ warm ``stockade server`` (through the installed ``stockade`` command, the compil
 end after scripts/setup, and through the Python client); ``srt true`` (Anthropic's
 sandbox-runtime, installed into a temporary folder with npm when npm is available); and
 ``stockade.run(["true"])`` called repeatedly in one warm Python process, in turns with bare
-bwrap (their ratio is a target, and this machine's speed drifts). The last line is
+bwrap (their ratio is a target, and this machine's speed drifts); and, when a runsc is
+installed (scripts/setup --gvisor), ``stockade run --backend gvisor -- true`` beside bare
+``runsc do true``. The last line is
 one JSON object with the figures and the ratios. Targets: CLI <= 60 ms and <= 0.3x srt;
 warm API call <= 3x bare bwrap.
 """
@@ -55,6 +57,17 @@ def interleaved_means(fns: dict[str, Callable[[], object]], n: int = N) -> dict[
 
 def run(argv: list[str], **kw: object) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)  # type: ignore[call-overload]
+
+
+def _runsc() -> str | None:
+    """A runsc the gVisor backend accepts, or None (then its figures are left out)."""
+    from stockade import Unavailable
+    from stockade.enforce import gvisor
+
+    try:
+        return str(gvisor.require_runsc().path)
+    except Unavailable:
+        return None
 
 
 def main() -> int:
@@ -126,6 +139,19 @@ def main() -> int:
         figures["stockade_cli_ms"] = mean_ms(
             lambda: run([stockade, "run", "--", "true"], env=cold_env)
         )
+        # The gVisor backend beside it (docs/gvisor.md), with bare ``runsc do`` as its
+        # baseline, when a usable runsc is there (scripts/setup --gvisor fetches one).
+        figures["stockade_cli_gvisor_ms"] = figures["runsc_do_ms"] = None
+        runsc = _runsc()
+        if runsc is not None:
+            few = max(5, N // 4)
+            figures["stockade_cli_gvisor_ms"] = mean_ms(
+                lambda: run([stockade, "run", "--backend", "gvisor", "--", "true"], env=cold_env),
+                n=few,
+            )
+            figures["runsc_do_ms"] = mean_ms(
+                lambda: run([runsc, "--rootless", "--network=none", "do", "true"]), n=few
+            )
         # The same command handed to a warm run server (stockade server, docs/server.md).
         run([stockade, "server", "start"], env=env)
         try:
@@ -191,6 +217,8 @@ def main() -> int:
         round(served / figures["srt_ms"], 3) if figures["srt_ms"] else None
     )
     result["cli_served_vs_cli"] = round(served / cli, 3)
+    gvisor = figures["stockade_cli_gvisor_ms"]
+    result["gvisor_vs_bubblewrap_cli"] = round(gvisor / cli, 2) if gvisor else None
     result["frontend"] = frontend
     result["api_vs_bwrap"] = round(api / bw, 2)
     first, later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
