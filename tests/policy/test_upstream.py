@@ -15,6 +15,7 @@ from stockade.policy import load_policy, parse_policy_text
 from stockade.policy._load import with_upstream_proxy
 from stockade.policy._model import UpstreamPolicy
 from stockade.policy._upstream import parse_no_proxy, parse_proxy_url, redact_url
+from tests.conftest import require
 
 
 def policy(table: str) -> str:
@@ -203,8 +204,7 @@ def test_auth_files_that_are_refused(tmp_path: Path, content: str, mode: int, wo
 
 
 def test_an_auth_file_of_another_user_is_refused(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give the file away")
+    require(os.geteuid() == 0, "giving the file to another user needs root")
     path = tmp_path / "auth"
     path.write_text("alice:pw\n")
     path.chmod(0o600)
