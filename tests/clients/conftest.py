@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
-import io
 import json
 import os
 import re
@@ -33,7 +32,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -49,7 +47,7 @@ import trustme
 from tests.conftest import SECRET_ENV, World, require
 
 # The package both suites install: one wheel builder.
-from tests.runtime.test_toolchains import MESSAGE, PKG, tiny_wheel
+from tests.runtime.test_toolchains import MESSAGE, PKG, tiny_tarball, tiny_wheel
 
 PROGRAMS = Path(__file__).parent / "programs"
 MODES = ("proxy", "transparent")
@@ -131,24 +129,6 @@ def require_client(client: str) -> None:
 
 
 # --- what the servers serve ----------------------------------------------------------------
-
-
-def tiny_tarball() -> bytes:
-    """The npm tarball of ``stockadetiny`` 1.0.0."""
-    files = {
-        "package/package.json": json.dumps(
-            {"name": PKG, "version": "1.0.0", "main": "index.js"}
-        ).encode(),
-        "package/index.js": f"module.exports = {json.dumps(MESSAGE)};\n".encode(),
-    }
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def bare_repository(root: Path) -> Path:

@@ -385,8 +385,8 @@ def test_pip_trusts_the_runtime_bundle_when_the_index_is_inspected(
 # --- 2. npm from a static registry ---------------------------------------------------------
 
 
-def npm_registry(site: Site, host: str, scheme: str = "http") -> None:
-    """Put the packument of ``stockadetiny`` and its tarball on ``site``."""
+def tiny_tarball() -> bytes:
+    """The npm tarball of ``stockadetiny`` 1.0.0."""
     files = {
         "package/package.json": json.dumps(
             {"name": PKG, "version": "1.0.0", "main": "index.js"}
@@ -400,7 +400,12 @@ def npm_registry(site: Site, host: str, scheme: str = "http") -> None:
             info.size = len(data)
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
-    tgz = buf.getvalue()
+    return buf.getvalue()
+
+
+def npm_registry(site: Site, host: str, scheme: str = "http") -> None:
+    """Put the packument of ``stockadetiny`` and its tarball on ``site``."""
+    tgz = tiny_tarball()
     tarball = f"/{PKG}/-/{PKG}-1.0.0.tgz"
     integrity = "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode()
     packument = {
