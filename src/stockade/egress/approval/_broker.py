@@ -611,6 +611,25 @@ class RunGate:
         else:
             answer, reason, detail = _interpret(raw, host, port)
         latency = round((time.monotonic() - started) * 1000, 3)
+
+        def answered(
+            verdict: str, why: Reason, scope: Scope, pattern: str, by: str, note: str | None
+        ) -> None:
+            self.emit(
+                "answer",
+                layer=LAYER,
+                verdict=verdict,
+                reason=str(why),
+                ask_id=ask_id,
+                host=host,
+                port=port,
+                scope=str(scope),
+                pattern=pattern,
+                answered_by=by,
+                latency_ms=latency,
+                **({"detail": note} if note is not None else {}),
+            )
+
         if answer is None or not answer.allowed:
             assert reason is not None or answer is not None
             reason = reason or Reason.USER_DENIED
@@ -618,19 +637,9 @@ class RunGate:
                 detail = answer.reason
             scope = answer.scope if answer is not None else Scope.RUN
             decision = Decision.deny(LAYER, reason, rule=f"ask:{ask_id}", detail=detail)
-            self.emit(
-                "answer",
-                layer=LAYER,
-                verdict="deny",
-                reason=str(reason),
-                ask_id=ask_id,
-                host=host,
-                port=port,
-                scope=str(scope if reason is Reason.USER_DENIED else Scope.RUN),
-                pattern=target,
-                answered_by=who if reason is Reason.USER_DENIED else "",
-                latency_ms=latency,
-                detail=detail,
+            user = reason is Reason.USER_DENIED
+            answered(
+                "deny", reason, scope if user else Scope.RUN, target, who if user else "", detail
             )
             if reason is Reason.USER_DENIED and answer is not None:
                 if scope is Scope.ALWAYS:
@@ -668,36 +677,10 @@ class RunGate:
             decision = Decision.deny(
                 LAYER, Reason.APPROVAL_ERROR, rule=f"ask:{ask_id}", detail=str(exc)
             )
-            self.emit(
-                "answer",
-                layer=LAYER,
-                verdict="deny",
-                reason=str(Reason.APPROVAL_ERROR),
-                ask_id=ask_id,
-                host=host,
-                port=port,
-                scope=str(Scope.RUN),
-                pattern=pattern,
-                answered_by=who,
-                latency_ms=latency,
-                detail=str(exc),
-            )
+            answered("deny", Reason.APPROVAL_ERROR, Scope.RUN, pattern, who, str(exc))
             broker.refuse(target, Scope.RUN, self, ask_id, Reason.APPROVAL_ERROR)
             return decision
-        self.emit(
-            "answer",
-            layer=LAYER,
-            verdict="allow",
-            reason=str(Reason.ALLOWED),
-            ask_id=ask_id,
-            host=host,
-            port=port,
-            scope=str(scope),
-            pattern=pattern,
-            answered_by=who,
-            latency_ms=latency,
-            **({"detail": note} if note else {}),
-        )
+        answered("allow", Reason.ALLOWED, scope, pattern, who, note or None)
         return Decision(Verdict.ALLOW, LAYER, Reason.ALLOWED, f"grant:{ask_id}")
 
 
