@@ -82,16 +82,12 @@ def _bind(spec: str, flag: str, pod_network: bool) -> socket.socket:
             f"{flag} {spec!r} is not loopback: pass --listen-pod-network to serve the pod "
             "network (and fence the gateway with a NetworkPolicy)"
         )
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    from stockade.egress._proxy import tcp_listener
+
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((str(address), int(port)))
-        sock.listen(4096)
+        return tcp_listener(address, int(port), backlog=4096)
     except OSError as exc:
-        sock.close()
         raise SandboxError(f"cannot listen on {spec}: {exc.strerror}") from None
-    return sock
 
 
 def execute(args: argparse.Namespace) -> int:

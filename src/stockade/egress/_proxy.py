@@ -1428,14 +1428,20 @@ def bind_listener(listen: str) -> tuple[socket.socket, Path | None]:
                 f"{listen!r}: the proxy listens on loopback only (127.0.0.1 or ::1); "
                 "anything else would open it to the network"
             )
-        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((str(address), int(port_text)))
-            sock.listen(1024)
-        except BaseException:
-            sock.close()
-            raise
-        return sock, None
+        return tcp_listener(address, int(port_text)), None
     raise ValueError(f"{listen!r}: write unix:PATH or tcp:127.0.0.1:PORT")
+
+
+def tcp_listener(address: IPAddress, port: int, backlog: int = 1024) -> socket.socket:
+    """A TCP socket listening on ``address:port`` (the caller decided the address may
+    be served); OSError when it cannot be bound."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((str(address), port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
