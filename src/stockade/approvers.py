@@ -15,7 +15,6 @@ anything else, or an exception, denies. ::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import threading
@@ -119,23 +118,15 @@ class Tty:
 
     def path(self) -> str:
         """The terminal the prompt uses."""
-        if self.device is not None:
-            return self.device
-        with contextlib.suppress(OSError):
-            if os.isatty(0):
-                return os.ttyname(0)
-        return "/dev/tty"
+        from stockade.runtime._terminal import terminal_path
+
+        return terminal_path(self.device)
 
     def available(self) -> bool:
         """True when the terminal opens."""
-        try:
-            fd = os.open(self.path(), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            return os.isatty(fd)
-        finally:
-            os.close(fd)
+        from stockade.runtime._terminal import terminal_opens
+
+        return terminal_opens(self.device)
 
     def answered_by(self) -> str:
         """``tty:<device>``."""

@@ -215,12 +215,17 @@ def _approval(
         if not channel.start(broker):
             print("stockade: the control channel sent no hello; nothing is asked", file=sys.stderr)
         return broker, channel
+    from stockade.runtime._terminal import terminal_opens
+
+    if mode == "auto" and not terminal_opens():
+        # No terminal: denied as without asking (host-not-allowed). Checked before the
+        # prompt machinery is imported: it brings the whole egress package (~45 ms),
+        # which a run with no terminal and no network never needs.
+        return None, None
     from stockade.approvers import tty
 
     prompt = tty()
     if not prompt.available():
-        if mode == "auto":
-            return None, None  # no terminal: denied as without asking (host-not-allowed)
         # --ask tty without a terminal: each off-list request is denied, and says why.
         return _broker(policy, _NoTerminal(), args.ask_timeout or 120.0), None
     return _broker(policy, prompt, args.ask_timeout or 120.0), None

@@ -23,6 +23,29 @@ _prompt = threading.Lock()
 _relay: Relay | None = None
 
 
+def terminal_path(device: str | None = None) -> str:
+    """The terminal a prompt uses: ``device``, else standard input's when it is one,
+    else the controlling terminal (``/dev/tty``)."""
+    if device is not None:
+        return device
+    with contextlib.suppress(OSError):
+        if os.isatty(0):
+            return os.ttyname(0)
+    return "/dev/tty"
+
+
+def terminal_opens(device: str | None = None) -> bool:
+    """True when :func:`terminal_path` opens as a terminal (cheap: no prompt machinery)."""
+    try:
+        fd = os.open(terminal_path(device), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
+
+
 class Relay:
     """A relay's side of the hold: a wake-up pipe and the paused state."""
 
