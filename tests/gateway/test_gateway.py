@@ -12,6 +12,7 @@ under ``.test`` names. Every deny has its allow twin.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from stockade.gateway._server import Identity
+from stockade.policy import Decision
 from tests.gateway.harness import Harness, Origin, pod
 
 A_IP, B_IP, PENDING_IP, NARROW_IP, OTHER_IP, UNKNOWN_IP = (
@@ -277,9 +280,33 @@ def test_audit_lines_carry_the_identity(gw: Harness) -> None:
     assert event["policy"] == "a"
     assert event["policy_digest"].startswith("sha256:")
     assert event["peer"] == A_IP
+    current = gw.gateway.store.current
+    assert current is not None
+    assert event["generation"] == current.number
+    assert event["mode"] == "gateway"
     refused = gw.events_of(peer=UNKNOWN_IP)[0]
     assert refused["verdict"] == "deny"
     assert refused["reason"] == "unknown-peer"
+
+
+def test_stdout_lines_splice_the_identity_which_wins(gw: Harness) -> None:
+    # The stdout writer serialises a connection's identity once and splices it into
+    # each line; a field of the event that names an identity key gives way to it.
+    lines: list[str] = []
+    gw.gateway._line = lines.append
+    identity = Identity.of({"peer": A_IP, "pod": "pod-a", "policy": "a", "claim": None})
+    gw.gateway._emit(
+        "net_connect",
+        Decision.allow("egress"),
+        {"host": "a.test", "policy": "forged", "mode": "transparent"},
+        identity,
+    )
+    (line,) = lines
+    record = json.loads(line)
+    assert record["policy"] == "a"
+    assert record["mode"] == "gateway"
+    assert (record["host"], record["pod"], record["claim"]) == ("a.test", "pod-a", None)
+    assert line.count('"policy"') == 1
 
 
 def test_health_ready_and_metrics(gw: Harness) -> None:

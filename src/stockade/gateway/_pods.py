@@ -158,6 +158,14 @@ class PodCache:
         """The Running pod that owns ``ip``; else None with the reason and a detail."""
         if not self.fresh():
             return None, Reason.IDENTITY_STALE, self.last_error or "the pod list is not synced"
+        owners = self._by_ip.get(ip)
+        if owners is not None and len(owners) == 1:
+            # The common case, without parsing the address: the keys are canonical
+            # spellings, so a peer string equal to one is that very address.
+            for uid in owners:
+                pod = self.pods.get(uid)
+                if pod is not None and pod.running:
+                    return pod, Reason.ALLOWED, ""
         key = _canonical(ip)
         uids = self._by_ip.get(key, set())
         pods = [self.pods[u] for u in uids if u in self.pods]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -50,8 +51,33 @@ __all__ = ["Gateway", "GatewayConfig", "load_ca"]
 
 logger = logging.getLogger("stockade.gateway")
 
-#: the identity of the connection being served (namespace, pod, pod_uid, claim, ...)
-IDENTITY: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("stockade_gateway_id")
+#: one JSON encoder for every audit line (``json.dumps`` with options builds one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a handed-over connection is, as its audit events say it.
+
+    ``fields`` (peer, namespace, pod, pod_uid, claim, policy, policy_digest, generation,
+    and ``service_account_user`` with tokens) is never modified once made; ``json`` is
+    the same fields and ``"mode":"gateway"`` serialised once, for the stdout writer to
+    splice into each event's line instead of encoding them again per event.
+    """
+
+    fields: Mapping[str, Any]
+    json: str
+    keys: frozenset[str]
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> Identity:
+        """The identity of ``fields`` (plus ``mode``, which identity fields override)."""
+        full = {"mode": "gateway", **fields}
+        return cls(full, _ENCODER.encode(full)[1:-1], frozenset(full))
+
+
+#: the identity of the connection being served, inherited by the proxy's task
+IDENTITY: contextvars.ContextVar[Identity] = contextvars.ContextVar("stockade_gateway_id")
 
 _READ = 64 * 1024
 _METHOD_USERPASS = 0x02
@@ -141,6 +167,10 @@ class Gateway:
         self.config = config
         self.metrics = metrics or Metrics()
         self._write = audit or _stdout
+        #: the stdout writer takes lines with the identity spliced in (see Identity)
+        self._line: Callable[[str], None] | None = _stdout_line if audit is None else None
+        #: decision counter labels by (policy, verdict, reason): made once, not per event
+        self._labels: dict[tuple[str, str, str], tuple[tuple[str, str], ...]] = {}
         self.pods = PodCache(
             kube,
             namespace,
@@ -156,6 +186,9 @@ class Gateway:
         )
         #: open connections per pod UID: task -> (proxy, policy name)
         self._open: dict[str, dict[asyncio.Task[None], tuple[EgressProxy, str]]] = {}
+        self._open_count = 0
+        #: peer address -> (pod, generation, policy name, identity), see _identity
+        self._identities: dict[str, tuple[Pod, Generation, str, Identity]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
         self._listeners: list[socket.socket] = []
@@ -243,6 +276,8 @@ class Gateway:
             Decision.allow(LAYER, detail=f"generation {new.number}"),
             {"generation": new.number, "policies": dict(sorted(new.digests.items()))},
         )
+        # Identities name a generation (and so hold its proxies): none outlives it.
+        self._identities.clear()
         if old is None:
             return
         for name, proxy in old.serving.items():
@@ -320,20 +355,40 @@ class Gateway:
         current = asyncio.current_task()
         if current is not None:
             self._background.append(current)  # close() cancels it
-        try:
-            while not self._closed:
+        fd = sock.fileno()
+
+        # The listener stays registered with the loop for its whole life (a reader
+        # callback), as the local proxy's does: ``loop.sock_accept`` would register and
+        # unregister it with epoll for every connection, and wake a future and a task.
+        def acceptable() -> None:
+            for _ in range(64):  # what is pending, within reason: others wait their turn
                 try:
-                    conn, _ = await loop.sock_accept(sock)
+                    conn, address = sock.accept()
+                except BlockingIOError:
+                    return
                 except OSError as exc:
-                    # Out of descriptors, or the listener closed by close(): the loop's
-                    # condition tells which; back off rather than spin.
+                    if self._closed or sock.fileno() < 0:
+                        return
+                    # Out of descriptors, say: back off rather than spin; the pending
+                    # connection waits in the backlog.
                     logger.warning("gateway: accept failed: %s", exc)
-                    await asyncio.sleep(0.05)
-                    continue
-                task = loop.create_task(self._connection(conn))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                    with contextlib.suppress(ValueError, OSError):
+                        loop.remove_reader(fd)
+                    loop.call_later(0.05, resume)
+                    return
+                self._accepted(conn, address, loop)
+
+        def resume() -> None:
+            if not self._closed and sock.fileno() >= 0:
+                loop.add_reader(fd, acceptable)
+
+        loop.add_reader(fd, acceptable)
+        try:
+            await loop.create_future()  # until close() cancels this task
         finally:
+            if sock.fileno() >= 0:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(fd)
             sock.close()
 
     async def serve_metrics(self, sock: socket.socket) -> None:
@@ -389,7 +444,15 @@ class Gateway:
             task.cancel()
         for task in list(self._tasks):
             task.cancel()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
         for sock in self._listeners:
+            if loop is not None and sock.fileno() >= 0:
+                # Off epoll before the descriptor is closed (and its number reused).
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(sock.fileno())
             sock.close()
         current = self.store.current
         if current is not None:
@@ -420,6 +483,8 @@ class Gateway:
     def _pod_changed(self, before: Pod | None, after: Pod | None) -> None:
         if before is None:
             return
+        for ip in before.ips:
+            self._identities.pop(ip, None)
         if (
             after is not None
             and after.running
@@ -442,7 +507,13 @@ class Gateway:
 
     # -- audit and metrics -------------------------------------------------------------
 
-    def _emit(self, event: str, decision: Decision, fields: Mapping[str, Any]) -> None:
+    def _emit(
+        self,
+        event: str,
+        decision: Decision,
+        fields: Mapping[str, Any],
+        identity: Identity | None = None,
+    ) -> None:
         record: dict[str, Any] = {
             "time": time.time(),
             "event": event,
@@ -455,17 +526,29 @@ class Gateway:
         if decision.detail:
             record["detail"] = decision.detail
         record.update(fields)
-        self._write(record)
+        if identity is None:
+            self._write(record)
+            return
+        if not identity.keys.isdisjoint(record):
+            for key in identity.keys:  # the identity's word wins, as it always has
+                record.pop(key, None)
+        if self._line is not None:
+            self._line(_ENCODER.encode(record)[:-1] + "," + identity.json + "}")
+        else:
+            record.update(identity.fields)
+            self._write(record)
 
     def _event(self, policy: str) -> Callable[[Decision, dict[str, Any]], None]:
         """The audit callback of a policy's proxy and inspect layer."""
+        fallback = Identity.of({"policy": policy})
 
         def callback(decision: Decision, fields: dict[str, Any]) -> None:
-            identity = IDENTITY.get(None) or {"policy": policy}
+            identity = IDENTITY.get(fallback)
             event = fields.pop("event", "net_connect")
-            self._count(identity.get("policy", policy), decision)
+            name = str(identity.fields.get("policy", policy))
+            self._count(name, decision)
             if event == "net_connect":
-                labels = (("policy", str(identity.get("policy", policy))),)
+                labels = (("policy", name),)
                 self.metrics.inc(
                     "stockade_gateway_bytes_total",
                     (*labels, ("direction", "up")),
@@ -476,32 +559,141 @@ class Gateway:
                     (*labels, ("direction", "down")),
                     float(fields.get("bytes_down") or 0),
                 )
-            self._emit(event, decision, {**fields, "mode": "gateway", **identity})
+            self._emit(event, decision, fields, identity)
 
         return callback
 
     def _count(self, policy: str, decision: Decision) -> None:
-        self.metrics.inc(
-            "stockade_gateway_decisions_total",
-            (
+        key = (policy, decision.verdict, decision.reason)
+        labels = self._labels.get(key)
+        if labels is None:
+            # Bounded: policies x the fixed verdict and reason vocabularies.
+            labels = self._labels[key] = (
                 ("policy", policy),
                 ("verdict", str(decision.verdict)),
                 ("reason", str(decision.reason)),
-            ),
-        )
+            )
+        self.metrics.inc("stockade_gateway_decisions_total", labels)
 
     # -- one connection ----------------------------------------------------------------
 
-    async def _connection(self, sock: socket.socket) -> None:
+    def _accepted(self, sock: socket.socket, address: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """A connection just accepted (in the listener's callback).
+
+        With peer-address identity alone, the address names the pod: when it is a
+        Running pod whose policy admits it, the connection is handed to that policy's
+        proxy here and now, before a byte is read from it (so none can go upstream
+        before the identity was checked), and the proxy's task is its only task, as a
+        local sandbox's connection is. Everything else (a token to read and review, a
+        refusal, which needs the first bytes to answer in the client's protocol) is
+        served by a task of the gateway's.
+        """
         started = time.monotonic()
+        self.metrics.inc("stockade_gateway_connections_total")
+        peer = str(address[0])
+        if self.reviewer is None:
+            pod = self.pods.lookup(peer)[0]
+            if pod is not None:
+                chosen = self._resolve(pod)
+                if isinstance(chosen, _Chosen):
+                    identity = self._identity(peer, pod, chosen)
+                    self._hand(chosen, sock, b"", False, pod, identity, started)
+                    return
+        task = loop.create_task(self._connection(sock, peer, started))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _resolve(self, pod: Pod) -> _Chosen | _Refused:
+        """The policy that serves ``pod`` now: its annotation (or the default), which
+        must exist in the current generation and admit the pod's namespace and service
+        account; else why not."""
+        generation = self.store.current
+        name = pod.annotations.get(POLICY_ANNOTATION) or self.config.default_policy
+        if not name:
+            return _Refused(
+                Reason.POLICY_UNKNOWN, f"no {POLICY_ANNOTATION} annotation and no default policy"
+            )
+        if generation is None or name not in generation.policies:
+            return _Refused(Reason.POLICY_UNKNOWN, f"no policy named {name!r}", name)
+        if not generation.policies[name].kubernetes.permits(pod.namespace, pod.service_account):
+            return _Refused(
+                Reason.POLICY_NOT_PERMITTED,
+                f"policy {name} does not list namespace {pod.namespace} "
+                f"(service account {pod.service_account}) in [kubernetes]",
+                name,
+                generation,
+            )
+        return _Chosen(generation, name)
+
+    def _identity(self, peer: str, pod: Pod, chosen: _Chosen) -> Identity:
+        """The identity of a connection from ``peer``: made (and serialised) once per
+        address while its pod object, policy name and generation stay the same; a
+        pod-cache update replaces the pod object, a reload the generation, so a stale
+        identity is never reused."""
+        hit = self._identities.get(peer)
+        if (
+            hit is not None
+            and hit[0] is pod
+            and hit[1] is chosen.generation
+            and hit[2] == chosen.name
+        ):
+            return hit[3]
+        generation, name = chosen.generation, chosen.name
+        fields: dict[str, Any] = {
+            "peer": peer,
+            "namespace": pod.namespace,
+            "pod": pod.name,
+            "pod_uid": pod.uid,
+            "claim": pod.claim or None,
+            "policy": name,
+            "policy_digest": generation.digests[name],
+            "generation": generation.number,
+        }
+        identity = Identity.of(fields)
+        if len(self._identities) >= 2 * len(self.pods.pods) + 256:
+            self._identities.clear()  # addresses of pods long gone; rebuilt on demand
+        self._identities[peer] = (pod, generation, name, identity)
+        return identity
+
+    def _hand(
+        self,
+        chosen: _Chosen,
+        sock: socket.socket,
+        initial: bytes,
+        greeted: bool,
+        pod: Pod,
+        identity: Identity,
+        started: float,
+    ) -> None:
+        """Give the connection to the proxy of its policy, the identity in its context."""
+        proxy: EgressProxy = chosen.generation.serving[chosen.name]
+        self.metrics.observe(time.monotonic() - started, (("policy", chosen.name),))
+        # The proxy's task copies the context it is created in: a context of its own
+        # carries this connection's identity to every audit event of the connection.
+        context = contextvars.copy_context()
+        context.run(IDENTITY.set, identity)
+        task = context.run(proxy.adopt, sock, initial, socks_greeted=greeted)
+        if task is None:
+            return
+        self._open.setdefault(pod.uid, {})[task] = (proxy, chosen.name)
+        self._open_count += 1
+        self.metrics.set("stockade_gateway_open_connections", self._open_count)
+        task.add_done_callback(functools.partial(self._handed_done, pod.uid))
+
+    def _handed_done(self, uid: str, task: asyncio.Task[None]) -> None:
+        owned = self._open.get(uid)
+        if owned is not None and owned.pop(task, None) is not None:
+            self._open_count -= 1
+            if not owned:
+                del self._open[uid]
+        self.metrics.set("stockade_gateway_open_connections", self._open_count)
+
+    async def _connection(self, sock: socket.socket, peer: str, started: float) -> None:
         loop = asyncio.get_running_loop()
         handed = False
-        identity: dict[str, Any] = {}
+        identity: dict[str, Any] = {"peer": peer}
         try:
             sock.setblocking(False)
-            peer = str(sock.getpeername()[0])
-            identity["peer"] = peer
-            self.metrics.inc("stockade_gateway_connections_total")
             buffer = bytearray()
             handed = await self._identify(sock, loop, buffer, identity, started)
         except (OSError, TimeoutError, ValueError) as exc:
@@ -517,9 +709,12 @@ class Gateway:
         self._emit("net_connect", decision, {**fields, "mode": "gateway", **identity})
 
     async def _read_more(self, sock: socket.socket, buffer: bytearray) -> bool:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.config.handshake_timeout):
-            data = await loop.sock_recv(sock, _READ)
+        try:
+            data = sock.recv(_READ)  # usually there already: no timer, no reader to add
+        except (BlockingIOError, InterruptedError):
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(self.config.handshake_timeout):
+                data = await loop.sock_recv(sock, _READ)
         buffer += data
         return bool(data)
 
@@ -537,13 +732,12 @@ class Gateway:
             return False
         socks = buffer[0] == 5
         identity["protocol"] = "socks5" if socks else "http"
-        head: bytes | None = None
+        head_end = -1
         if not socks:
-            while http.find_head_end(buffer) < 0:
+            while (head_end := http.find_head_end(buffer)) < 0:
                 if len(buffer) > http.MAX_HEAD or not await self._read_more(sock, buffer):
                     self._deny_event(identity, Reason.BAD_REQUEST, "no complete request head")
                     return False
-            head = bytes(buffer[: http.find_head_end(buffer)])
 
         async def refuse(reason: Reason, detail: str, socks_reply: bytes = b"\x05\xff") -> bool:
             # SOCKS5: "no acceptable method" before the negotiation, or RFC 1929's
@@ -570,6 +764,7 @@ class Gateway:
             namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid, claim=pod.claim or None
         )
         greeted = False
+        reviewed_user: str | None = None
         if self.reviewer is not None:
             token: str | None = None
             failed = b"\x01\x01"  # RFC 1929: authentication failed
@@ -592,8 +787,7 @@ class Gateway:
                 token, used = parsed
                 del buffer[:used]
             else:
-                assert head is not None
-                value = _header(head, b"proxy-authorization")
+                value = _header(bytes(buffer[:head_end]), b"proxy-authorization")
                 token = basic_password(value) if value is not None else None
             if not token:
                 return await refuse(
@@ -604,7 +798,7 @@ class Gateway:
                 if review.error.startswith("TokenReview failed"):
                     self.metrics.inc("stockade_gateway_api_failures_total")
                 return await refuse(Reason.CREDENTIAL_INVALID, review.error, failed)
-            identity["service_account_user"] = review.username
+            identity["service_account_user"] = reviewed_user = review.username
             if review.pod_uid != pod.uid:
                 return await refuse(
                     Reason.CREDENTIAL_MISMATCH,
@@ -625,46 +819,38 @@ class Gateway:
                 await loop.sock_sendall(sock, b"\x01\x00")
                 greeted = True
         # Every await is behind us: the generation chosen now is the one adopted into.
-        generation = self.store.current
-        name = pod.annotations.get(POLICY_ANNOTATION) or self.config.default_policy
-        if not name:
-            return await refuse(
-                Reason.POLICY_UNKNOWN, f"no {POLICY_ANNOTATION} annotation and no default policy"
-            )
-        identity["policy"] = name
-        if generation is None or name not in generation.policies:
-            return await refuse(Reason.POLICY_UNKNOWN, f"no policy named {name!r}")
-        policy = generation.policies[name]
-        identity["policy_digest"] = generation.digests[name]
-        identity["generation"] = generation.number
-        if not policy.kubernetes.permits(pod.namespace, pod.service_account):
-            return await refuse(
-                Reason.POLICY_NOT_PERMITTED,
-                f"policy {name} does not list namespace {pod.namespace} "
-                f"(service account {pod.service_account}) in [kubernetes]",
-            )
-        proxy: EgressProxy = generation.serving[name]
-        self.metrics.observe(time.monotonic() - started, (("policy", name),))
-        IDENTITY.set(dict(identity))
-        task = proxy.adopt(sock, bytes(buffer), socks_greeted=greeted)
-        if task is not None:
-            tasks = self._open.setdefault(pod.uid, {})
-            tasks[task] = (proxy, name)
-            self.metrics.set("stockade_gateway_open_connections", self._count_open())
-
-            def done(t: asyncio.Task[None], uid: str = pod.uid) -> None:
-                owned = self._open.get(uid)
-                if owned is not None:
-                    owned.pop(t, None)
-                    if not owned:
-                        del self._open[uid]
-                self.metrics.set("stockade_gateway_open_connections", self._count_open())
-
-            task.add_done_callback(done)
+        chosen = self._resolve(pod)
+        if isinstance(chosen, _Refused):
+            if chosen.policy is not None:
+                identity["policy"] = chosen.policy
+            if chosen.generation is not None and chosen.policy is not None:
+                identity["policy_digest"] = chosen.generation.digests[chosen.policy]
+                identity["generation"] = chosen.generation.number
+            return await refuse(chosen.reason, chosen.detail)
+        handed = self._identity(identity["peer"], pod, chosen)
+        if reviewed_user is not None:
+            handed = Identity.of({**handed.fields, "service_account_user": reviewed_user})
+        self._hand(chosen, sock, bytes(buffer), greeted, pod, handed, started)
         return True
 
-    def _count_open(self) -> int:
-        return sum(len(t) for t in self._open.values())
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """The policy (of a generation) that serves a connection."""
+
+    generation: Generation
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """Why no policy serves a pod: the refusal's reason and detail, and as much of the
+    policy as was found (for the event)."""
+
+    reason: Reason
+    detail: str
+    policy: str | None = None
+    generation: Generation | None = None
 
 
 def _policy_of(pod: Pod) -> str | None:
@@ -680,6 +866,9 @@ def _header(head: bytes, wanted: bytes) -> bytes | None:
 
 
 def _stdout(record: dict[str, Any]) -> None:
-    line = json.dumps(record, separators=(",", ":"), default=str).encode() + b"\n"
+    _stdout_line(_ENCODER.encode(record))
+
+
+def _stdout_line(line: str) -> None:
     # One write per line: lines from concurrent tasks never interleave.
-    os.write(sys.stdout.fileno(), line)
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
