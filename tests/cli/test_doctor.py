@@ -38,11 +38,13 @@ def test_doctor_reports_what_this_host_has() -> None:
         "transparent egress",
         "upstream proxy",
         "gvisor",
+        "kubernetes pod",
     }
     assert all(c["ok"] for c in checks.values())
     assert checks["landlock"]["detail"].startswith(f"ABI {_host.landlock_abi()}")
     assert ("launcher makes" in checks["mount API"]["detail"]) == _host.mount_api()
     assert "resolver and capture" in checks["transparent egress"]["detail"]
+    assert checks["kubernetes pod"]["detail"].startswith("not in a Kubernetes pod")
     text = doctor()
     assert "[ok  ] bubblewrap" in text.stdout
 

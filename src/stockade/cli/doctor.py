@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -186,7 +188,200 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
     )
     out.append(upstream_check(policy_path, url))
     out.append(gvisor_check())
+    out.append(kubernetes_check(out, policy_path, url))
     return out
+
+
+#: where a pod's service account is mounted (absent when automounting is off, as in the
+#: pods ``stockade export kubernetes`` writes)
+SERVICE_ACCOUNT_DIR = Path("var/run/secrets/kubernetes.io/serviceaccount")
+#: the first line of the /etc/hosts the kubelet writes into every pod not on the host
+#: network
+KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
+#: the variables that point a pod's clients at the gateway (``proxy = "env"`` reads them)
+_GATEWAY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+#: the layers a pod may or may not permit, and the checks (by name) each one needs
+_POD_LAYERS = (
+    # The user-namespace check makes user, pid and net namespaces: it fails under gVisor
+    # (no network namespace for bubblewrap there) and under RuntimeDefault seccomp.
+    ("container (bubblewrap)", ("bubblewrap", "user namespaces")),
+    ("egress in a network namespace", ("bubblewrap", "user namespaces")),
+    ("files (Landlock)", ("landlock",)),
+    ("syscalls (seccomp)", ("seccomp",)),
+)
+
+
+def pod_evidence(environ: Mapping[str, str], root: Path = Path("/")) -> tuple[bool, list[str]]:
+    """Whether this looks like a Kubernetes pod, and what says so.
+
+    A pod is recognised by the variables the kubelet always sets
+    (``KUBERNETES_SERVICE_HOST`` an IP address, ``KUBERNETES_SERVICE_PORT`` a port) *and*
+    a file the kubelet writes (the service-account directory with its ``namespace``, or
+    its ``/etc/hosts``): a variable alone is too easily set elsewhere. ``root`` is where
+    the file system is read from (``/``; a test points it at a directory laid out like a
+    pod). Informational: nothing is enforced on the strength of it.
+    """
+    from stockade.export._names import is_dns1123_label
+
+    evidence: list[str] = []
+    host = environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = environ.get("KUBERNETES_SERVICE_PORT", "")
+    try:
+        ipaddress.ip_address(host)
+        env_ok = port.isdigit() and 0 < int(port) < 65536
+    except ValueError:
+        env_ok = False
+    if env_ok:
+        evidence.append(f"KUBERNETES_SERVICE_HOST={host}")
+    files = 0
+    directory = root / SERVICE_ACCOUNT_DIR
+    try:
+        namespace = (directory / "namespace").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        namespace = ""
+    if is_dns1123_label(namespace):
+        files += 1
+        evidence.append(f"a service account of namespace {namespace}")
+    try:
+        with (root / "etc/hosts").open(encoding="utf-8", errors="replace") as hosts:
+            first = hosts.readline()
+    except OSError:
+        first = ""
+    if first.startswith(KUBELET_HOSTS_HEADER):
+        files += 1
+        evidence.append("/etc/hosts written by the kubelet")
+    return env_ok and files > 0, evidence
+
+
+def _named_gateway(environ: Mapping[str, str]) -> tuple[str, str, str, int] | None:
+    """(variable, URL, host, port) of the first proxy variable that names a stockade
+    gateway (the Service ``stockade export kubernetes`` writes, ``stockade-gateway.NS``)."""
+    from stockade.export._kubernetes import GATEWAY_NAME
+    from stockade.policy._upstream import parse_proxy_url, redact_url
+
+    for name in _GATEWAY_VARIABLES:
+        value = environ.get(name, "")
+        if not value:
+            continue
+        try:
+            host, port = parse_proxy_url(value if "://" in value else "http://" + value)
+        except ValueError:
+            continue
+        if host.split(".", 1)[0] == GATEWAY_NAME:
+            return name, redact_url(value), host, port
+    return None
+
+
+def kubernetes_check(
+    results: Sequence[Mapping[str, object]],
+    policy_path: Path | None = None,
+    url: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    root: Path = Path("/"),
+) -> dict[str, object]:
+    """Whether stockade runs inside a Kubernetes pod; if so, which of its layers this pod
+    permits (read from the other checks' ``results``) and, when the proxy variables of
+    stockade's own environment name a stockade gateway, whether the upstream in force
+    chains to it (the pod's only way out) and how to make it.
+
+    ``environ`` (``os.environ`` when omitted) and ``root`` are the inputs, so that a test
+    can lay out a pod. Fails only for a gateway named and not chained to.
+    """
+    env = os.environ if environ is None else environ
+    check: dict[str, object] = {
+        "name": "kubernetes pod",
+        "ok": True,
+        "fix": "",
+        "layers": [],
+    }
+    inside, evidence = pod_evidence(env, root)
+    if not inside:
+        check["detail"] = "not in a Kubernetes pod" + (
+            f" (only {', '.join(evidence)}: not enough to tell)" if evidence else ""
+        )
+        return check
+    by_name = {str(c.get("name")): c for c in results}
+    permits: list[str] = []
+    refuses: list[str] = []
+    for layer, needs in _POD_LAYERS:
+        ok = all(bool(by_name[n].get("ok")) for n in needs if n in by_name)
+        (permits if ok else refuses).append(layer)
+    limits = by_name.get("limits")
+    if limits is not None and not str(limits.get("detail", "")).startswith("rlimits only"):
+        permits.append("limits (a delegated cgroup)")
+    else:
+        refuses.append("limits by cgroup (rlimits only)")
+    check["layers"] = [layer.split(" ", 1)[0] for layer in permits]
+    allowed = ", ".join(permits) or "none of stockade's own layers"
+    detail = f"in a Kubernetes pod ({'; '.join(evidence)}); this pod permits {allowed}" + (
+        f"; not {', '.join(refuses)}" if refuses else ""
+    )
+    fixes: list[str] = []
+    if refuses and not permits:
+        fixes.append(
+            "stockade run needs user namespaces (refused by RuntimeDefault seccomp profiles "
+            "without CAP_SYS_ADMIN, and unavailable under gVisor); run the agent in the pod "
+            "without stockade run, or give the pod a profile that allows them"
+        )
+    gateway = _named_gateway(env)
+    if gateway is None:
+        check["detail"] = detail + "; no HTTPS_PROXY or HTTP_PROXY names a stockade gateway"
+        check["fix"] = "; ".join(fixes)
+        return check
+    variable, shown, host, port = gateway
+    chained, why = _chains_to(host, port, policy_path, url, env)
+    check["detail"] = f"{detail}; {variable}={shown} names the gateway: {why}"
+    if not chained:
+        check["ok"] = False
+        fixes.insert(
+            0,
+            'chain to it: [network.upstream] proxy = "env" and connect_by = "name" in '
+            "~/.config/stockade/policy.toml (or connect_by there and stockade run "
+            f"--upstream-proxy http://{host}:{port}); the pod's network lets nothing else out",
+        )
+    if env.get("STOCKADE_IDENTITY_TOKEN_FILE"):
+        fixes.append(
+            "this pod presents a projected token to the gateway (--identity tokenreview); "
+            "stockade's upstream sends only auth_file's user:password, read when a run "
+            "starts, and a token rotates: prefer peer-ip identity for pods that run stockade"
+        )
+    check["fix"] = "; ".join(fixes)
+    return check
+
+
+def _chains_to(
+    host: str, port: int, policy_path: Path | None, url: str | None, env: Mapping[str, str]
+) -> tuple[bool, str]:
+    """Whether the upstream in force (policy, ``--upstream-proxy``, ``env``) is the
+    gateway at ``host:port``, and what it is."""
+    import tempfile
+
+    from stockade._exceptions import PolicyError
+    from stockade.egress.upstream import resolve_upstream
+    from stockade.policy import load_policy
+    from stockade.policy._load import with_upstream_proxy
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="stockade-doctor-") as ws:
+            policy = load_policy(policy_path, workspace=Path(ws))
+        if url is not None:
+            policy = with_upstream_proxy(policy, url)
+        upstream = resolve_upstream(policy.network.upstream, env)
+    except PolicyError as exc:
+        return False, f"the policy does not load ({exc})"
+    if upstream is None:
+        return False, "stockade's proxy dials directly (no [network.upstream], or NO_PROXY=*)"
+    if (upstream.host, upstream.port) == (host, port):
+        if upstream.connect_by != "name":
+            # CONNECT 203.0.113.7:443 names no host: the gateway decides it as the
+            # literal, which the pod's policy does not list.
+            return False, (
+                f"stockade's proxy chains to it (from {upstream.source}) by address, which "
+                "the gateway refuses: it decides by name"
+            )
+        return True, f"stockade's proxy chains to it (from {upstream.source}), by name"
+    return False, f"stockade's proxy chains to {upstream.url} instead (from {upstream.source})"
 
 
 def gvisor_check() -> dict[str, object]:
