@@ -32,6 +32,14 @@ variables), stopped only by egress's empty network namespace, and ``proxy``, sto
 egress's host decision and by inspect. It gets through when any of its routes does; each
 route is monotone, so the action is too.
 
+The container's runtime comes from the policy (``[container] backend``). Under
+``gvisor`` the command runs on the Sentry, a kernel of its own: the files layer stops
+nothing there (no Landlock; the mount plan is the container's), the container also keeps
+the direct network route, abstract sockets and every system call away from the host
+kernel (a :attr:`Kind.HOST_KERNEL` action: stopped by nothing on ``bubblewrap``, by the
+container alone on ``gvisor``), and it no longer refuses a user namespace (seccomp
+still does). :meth:`Boundary.with_backend` gives the same policy under the other one.
+
 What each does NOT stop is what the probe's extended scenario shows: the container does
 not stop reads of what is bound in, egress does not stop what an allowed connection
 carries, inspect does not stop a host left as an opaque tunnel.
@@ -52,6 +60,7 @@ from stockade.model._evaluate import canonical as canonical
 from stockade.model._evaluate import check_monotonic as check_monotonic
 from stockade.model._evaluate import evaluate as evaluate
 from stockade.model._evaluate import exercised_layers as exercised_layers
+from stockade.model._evaluate import kernel_only as kernel_only
 from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
 from stockade.model._layers import Boundary as Boundary
@@ -81,6 +90,7 @@ __all__ = [
     "evaluate",
     "exercised_layers",
     "host_public",
+    "kernel_only",
     "parse_host_entry",
     "subsets",
 ]

@@ -185,3 +185,13 @@ def exercised_layers(boundary: Boundary, actions: Sequence[Action]) -> tuple[str
         for layer in LAYERS
         if any(boundary.stops(layer, a, r) is not None for a in actions for r in a.paths_out)
     )
+
+
+def kernel_only(boundary: Boundary, actions: Sequence[Action]) -> tuple[str, ...]:
+    """The ids of ``actions`` that only a kernel of the sandbox's own stops: every layer
+    on, they get through on ``bubblewrap`` (the host kernel) and not on ``gvisor``."""
+    on_host = evaluate(boundary.with_backend("bubblewrap"), actions, LAYERS)
+    own = evaluate(boundary.with_backend("gvisor"), actions, LAYERS)
+    return tuple(
+        a.id for a in actions if on_host.outcome(a.id).through and not own.outcome(a.id).through
+    )

@@ -11,6 +11,30 @@ A network action is judged per :class:`~stockade.model.Route`. The ``direct`` ro
 socket that ignores the proxy variables) is stopped by ``egress``'s empty network
 namespace and by nothing else that concerns the network. The ``proxy`` route is stopped
 by ``egress``'s host decision and by ``inspect``.
+
+The container's runtime (``[container] backend``, :attr:`Boundary.backend`) changes what
+some predicates say, because it changes the mechanism under the layer's name:
+
+=========  ==================================  ==========================================
+layer      ``bubblewrap`` (host kernel)        ``gvisor`` (runsc: the Sentry's kernel)
+=========  ==================================  ==========================================
+files      Landlock on the real files          nothing: no Landlock (ENOSYS); the launcher
+                                               runs with it off and the mount plan (the
+                                               container's) is the files policy
+container  namespaces, binds; userns refused   the same mount plan, in the Sentry; its own
+           (``--disable-userns``)              network namespace always (the direct route
+                                               of a network action), abstract sockets and
+                                               host kernel calls stay in the Sentry; a
+                                               user namespace and a mount in it are
+                                               allowed there (the Sentry's own)
+syscalls   seccomp                             the same filter (a KILL stops one thread
+                                               only; nothing judged here depends on it)
+egress     the netns and the proxy             the proxy; abstract sockets are not its
+                                               concern (the Sentry keeps them)
+=========  ==================================  ==========================================
+
+The runtime refuses gVisor without the container layer (there would be no kernel of its
+own), so under ``gvisor`` the container predicate is the one that matters most.
 """
 
 from __future__ import annotations
@@ -22,10 +46,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from stockade.model._actions import Action, Credential, Kind, Route
+from stockade.model._actions import NETWORK_KINDS, Action, Credential, Kind, Route
 from stockade.model._rules import RuleHost, Rules
 from stockade.policy import LAYERS, Policy, Reason
 from stockade.policy._credentials import looks_like_credential
+from stockade.policy._model import BACKENDS
 from stockade.policy._tables import BASE_ENV_NAMES, DEFAULT_PROTECTED, SYSTEM_PATHS, SYSTEM_SECRETS
 
 _LC = re.compile(r"^LC_[A-Z]+$")
@@ -44,8 +69,10 @@ BLOCKED_SYSCALLS: frozenset[str] = frozenset(
     }
 )
 
-#: What the container refuses even without seccomp: ``--disable-userns`` and no
-#: capabilities in the sandbox's user namespace.
+#: What bubblewrap's container refuses even without seccomp: ``--disable-userns`` and no
+#: capabilities in the sandbox's user namespace. gVisor's Sentry lets a process make a
+#: user namespace and mount in it (its own, measured with runsc release-20240729.0): only
+#: seccomp refuses them there.
 CONTAINER_SYSCALLS: frozenset[str] = frozenset({"userns", "mount"})
 
 _METADATA = frozenset({"169.254.169.254", "fd00:ec2::254", "100.100.100.200"})
@@ -136,19 +163,41 @@ class Boundary:
 
     ``landlock_scopes`` says whether the kernel offers Landlock's ABI 6 scopes (signals and
     abstract unix sockets limited to the sandbox), which the files layer then applies.
+    The container's runtime is the policy's ``[container] backend`` (see the module's
+    table for what ``gvisor`` changes), unless ``runtime`` names another one (as
+    ``stockade run --backend`` would give it; :meth:`with_backend`).
     """
 
     policy: Policy
     landlock_scopes: bool = True
+    runtime: str = ""
     _rules: Rules = field(init=False, repr=False, compare=False)
     _bound_hosts: tuple[RuleHost, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"unknown backend {self.backend!r}; backends are {', '.join(BACKENDS)}"
+            )
         # Compiled once (the rules are judged for every action of every subset); the
         # dataclass is frozen, so the derived fields are set the way its __init__ does.
         object.__setattr__(self, "_rules", Rules(self.policy.network.rules))
         bound = tuple(RuleHost.parse(h) for s in self.policy.secrets for h in s.hosts)
         object.__setattr__(self, "_bound_hosts", bound)
+
+    @property
+    def backend(self) -> str:
+        """The container's runtime: ``bubblewrap`` or ``gvisor``."""
+        return self.runtime or self.policy.container.backend
+
+    @property
+    def own_kernel(self) -> bool:
+        """True when the container is a kernel of its own (gVisor), not the host's."""
+        return self.backend == "gvisor"
+
+    def with_backend(self, backend: str) -> Boundary:
+        """The same policy and host facts under another container runtime."""
+        return Boundary(self.policy, landlock_scopes=self.landlock_scopes, runtime=backend)
 
     def predicate(self, layer: str) -> Predicate:
         """The predicate of ``layer``."""
@@ -187,6 +236,11 @@ class Boundary:
         return (str(fs.workspace), *(str(p) for p in fs.write))
 
     def _files(self, action: Action, route: Route | None = None) -> Reason | None:
+        if self.own_kernel:
+            # The Sentry has no Landlock: the runtime turns it off and builds the same
+            # mount plan whether this layer is on or not (the plan is the container's),
+            # so switching files under gVisor changes nothing that can be measured.
+            return None
         # The sandbox's own scratch directories (TMPDIR, a throw-away HOME) are granted too;
         # an action aimed at the host is never aimed at them, so they do not appear here.
         if action.kind is Kind.FILE_READ:
@@ -262,11 +316,21 @@ class Boundary:
             return Reason.PROCESS_CONTAINED
         if kind is Kind.UNIX_CONNECT:
             if action.target.startswith("@"):
-                # Abstract sockets belong to the network namespace, which the container
-                # shares with the host unless egress gives it one of its own.
-                return None
+                # bubblewrap: abstract sockets belong to the network namespace, which the
+                # container shares with the host unless egress gives it one of its own.
+                # gVisor: every unix socket lives in the Sentry, never the host's.
+                return Reason.PROCESS_CONTAINED if self.own_kernel else None
             return None if self._visible(action.target) is None else Reason.PATH_NOT_GRANTED
-        if kind is Kind.SYSCALL and action.target in CONTAINER_SYSCALLS:
+        if kind is Kind.HOST_KERNEL:
+            # The call is parsed and answered by the Sentry; the host kernel sees only
+            # the Sentry's own, filtered, system calls.
+            return Reason.PROCESS_CONTAINED if self.own_kernel else None
+        if kind in NETWORK_KINDS and route is Route.DIRECT and self.own_kernel:
+            # The gVisor entry always makes a network namespace of its own (egress on or
+            # off) and runsc's host networking stays inside it: a socket that ignores
+            # the proxy finds nothing but loopback there.
+            return Reason.UNSUPPORTED_PROTOCOL
+        if kind is Kind.SYSCALL and action.target in CONTAINER_SYSCALLS and not self.own_kernel:
             return Reason.SYSCALL_BLOCKED
         return None
 
@@ -335,7 +399,9 @@ class Boundary:
             # The sandbox has no resolver; the proxy resolves only names it may connect to.
             allowed = self.host_decision(action.host, action.port or 443) is None
             return None if allowed else Reason.HOST_NOT_ALLOWED
-        if kind is Kind.UNIX_CONNECT and action.target.startswith("@"):
+        if kind is Kind.UNIX_CONNECT and action.target.startswith("@") and not self.own_kernel:
+            # On the host kernel the abstract namespace is the network namespace's; the
+            # Sentry keeps its unix sockets to itself whatever the network namespace.
             return Reason.UNSUPPORTED_PROTOCOL
         return None
 

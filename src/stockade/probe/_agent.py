@@ -11,6 +11,7 @@ proxy named in the environment (as any well-behaved client does) and directly.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import json
 import os
@@ -239,7 +240,61 @@ def op_bigwrite(step: Plan) -> str:
     return f"wrote {written} bytes"
 
 
-OPS = {
+def kernel_identity() -> dict[str, str]:
+    """Which kernel answers this process: its release, version and boot id.
+
+    On the host kernel (bubblewrap, or no container) they are the host's; gVisor's Sentry
+    answers with its own (release 4.4.0 and a boot id made up per sandbox).
+    """
+    uname = os.uname()
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot_id = fh.read().strip()
+    except OSError as exc:
+        boot_id = f"unreadable: {type(exc).__name__}"
+    return {"release": uname.release, "version": uname.version, "boot_id": boot_id}
+
+
+def op_cmsg(step: Plan) -> dict[str, Any]:
+    """sendmsg() with SCM_RIGHTS and SCM_CREDENTIALS control messages on a unix
+    socketpair: the kernel that answers parses both (unix_gc and the SCM_RIGHTS paths
+    have a history of exploitable bugs, CVE-2021-0920 among them). The seccomp filter
+    lets sendmsg on AF_UNIX through; which kernel answered is the evidence."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with a, b:
+            b.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+            a.sendmsg(
+                [step["data"].encode()],
+                [
+                    (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes()),
+                    (socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
+                ],
+            )
+            msg, ancillary, _, _ = b.recvmsg(256, socket.CMSG_SPACE(64))
+    finally:
+        os.close(fd)
+    passed = [
+        fd_
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for fd_ in array.array("i", data[: len(data) - len(data) % 4])
+    ]
+    for fd_ in passed:
+        os.close(fd_)
+    if msg != step["data"].encode() or not passed:
+        raise OSError(f"the control message did not come back ({len(passed)} descriptors)")
+    kernel = kernel_identity()
+    return {
+        "detail": f"sendmsg(SCM_RIGHTS, SCM_CREDENTIALS) answered by Linux {kernel['release']} "
+        f"(boot id {kernel['boot_id'][:8]})",
+        "kernel": kernel,
+    }
+
+
+OPS: dict[str, Any] = {
     "read": op_read,
     "write": op_write,
     "env": op_env,
@@ -251,6 +306,7 @@ OPS = {
     "kill": op_kill,
     "userns": op_userns,
     "bigwrite": op_bigwrite,
+    "cmsg": op_cmsg,
 }
 
 
@@ -278,6 +334,7 @@ def evidence(control: Plan) -> dict[str, Any]:
     import resource
 
     facts["rlimit_fsize"] = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    facts["kernel"] = kernel_identity()
     return facts
 
 
@@ -288,12 +345,19 @@ def main() -> int:
     if "evidence" in plan:
         print(json.dumps({"evidence": evidence(plan["evidence"])}), flush=True)
     for step in plan.get("steps", []):
+        # An op returns its detail, or a dict with the detail and more evidence.
+        extra: dict[str, Any] = {}
         try:
-            detail = OPS[step["op"]](step)
+            result = OPS[step["op"]](step)
             done = True
+            if isinstance(result, dict):
+                extra = {k: v for k, v in result.items() if k != "detail"}
+                result = result.get("detail", "")
+            detail = str(result)
         except Exception as exc:  # every failure is an outcome here
             detail, done = f"{type(exc).__name__}: {exc}", False
-        print(json.dumps({"id": step["id"], "done": done, "detail": str(detail)[:200]}), flush=True)
+        record = {"id": step["id"], "done": done, "detail": detail[:200], **extra}
+        print(json.dumps(record), flush=True)
     return 0
 
 

@@ -162,6 +162,8 @@ class World:
     fixture: subprocess.Popen[bytes] | None = None
     control_file: Path = field(default=Path("/"))
     started_pids: list[int] = field(default_factory=list)
+    #: the host kernel's release, version and boot id (what ``kernel`` steps compare with)
+    kernel: dict[str, str] = field(default_factory=dict)
 
     def layout(self, nonce: str) -> Layout:
         """The layout for one run, with a fresh nonce."""
@@ -216,6 +218,10 @@ class World:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.fixture.wait(0.2)
             return self.fixture.poll() is not None
+        if how == "kernel":
+            # The call was made and the kernel that answered it is this host's: it got
+            # through to the host kernel's parser. Another kernel's answer is a stop.
+            return bool(inside.get("done")) and inside.get("kernel") == self.kernel
         if how.startswith("sink:"):
             name = how.split(":", 1)[1]
             needle = f"ATTACKER-{layout.nonce}" if name == "api" else mark
@@ -257,6 +263,13 @@ class World:
         if self.fixture is not None and self.fixture.poll() is None:
             self.fixture.kill()
             self.fixture.wait()
+
+
+def host_kernel() -> dict[str, str]:
+    """This host's kernel identity, read by the agent's own function."""
+    from stockade.probe._agent import kernel_identity
+
+    return kernel_identity()
 
 
 def _server_tls(root: Path, hosts: tuple[str, ...]) -> dict[str, ssl.SSLContext]:
@@ -332,7 +345,7 @@ def world(base: Path | None = None) -> Iterator[World]:
             "dns": Recorder("udp"),
             "unix": Recorder("unix", Layout(root).unix_socket),
         }
-        built = World(root, canary, servers, control_file=control)
+        built = World(root, canary, servers, control_file=control, kernel=host_kernel())
         yield built
     finally:
         if built is not None:

@@ -18,7 +18,10 @@ Judges, by who can see the outcome:
 ``fixture``
     the host fixture process was killed;
 ``sink:NAME``
-    the recording server NAME received the nonce (or, for ``api``, the attacker's key).
+    the recording server NAME received the nonce (or, for ``api``, the attacker's key);
+``kernel``
+    the agent's call was answered and the kernel that answered it is the host's: the
+    release, version and boot id it reports inside are the host's own.
 """
 
 from __future__ import annotations
@@ -448,6 +451,17 @@ def _extended_steps(lo: Layout) -> list[Step]:
                 "create a user namespace (the remount trick)",
             ),
             {"op": "userns"},
+        ),
+        Step(
+            Action(
+                "host-kernel",
+                Kind.HOST_KERNEL,
+                "sendmsg:SCM_RIGHTS",
+                False,
+                "make the host kernel parse a control message (sendmsg SCM_RIGHTS)",
+            ),
+            {"op": "cmsg", "data": f"{tag}:host-kernel"},
+            "kernel",
         ),
         Step(
             Action(
