@@ -4,7 +4,9 @@ Builds a throw-away world (temporary HOME with canaries, servers on 127.0.0.1 on
 runs the scenario's "test suite" under each subset of the switchable layers, and prints
 the model's prediction beside what really happened. Exit status: 0 when model and
 reality agree on every cell and every switchable layer could be measured; 1 on any
-disagreement; 3 when some layer is not enforceable in this build.
+disagreement; 3 when some layer is not enforceable in this build; 125 when
+``--backend gvisor`` is asked for and there is no usable runsc (never a fallback to
+bubblewrap).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from stockade.policy import LAYERS
+from stockade.policy._model import BACKENDS
 
 
 def _layers(text: str) -> list[str]:
@@ -40,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated layers to switch (default: those the scenario exercises)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="bubblewrap",
+        help="the container's runtime for every run: bubblewrap (host kernel) or gvisor "
+        "(runsc, a kernel of its own; container and egress then stay on in every run, "
+        "see docs/gvisor.md); default: bubblewrap",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--html", type=Path, metavar="FILE", help="also write a self-contained HTML report"
@@ -59,7 +70,9 @@ def execute(args: argparse.Namespace) -> int:
     from stockade.probe._html import render_html
     from stockade.probe._runner import probe
 
-    report = probe(args.scenario, args.layers, cost_repeat=max(args.cost_runs, 0))
+    report = probe(
+        args.scenario, args.layers, backend=args.backend, cost_repeat=max(args.cost_runs, 0)
+    )
     data = report.to_json()
     if args.json:
         print(json.dumps(data, indent=2))

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stockade.probe._terminal import backend_summary
+
 _TEMPLATE = Path(__file__).with_name("report.html")
 
 
@@ -45,13 +47,22 @@ def _table(report: dict[str, Any]) -> str:
 
 def _build(report: dict[str, Any]) -> str:
     rows = []
+    backend = report.get("backend", "bubblewrap")
+    fixed = report.get("fixed_why") or {}
     for layer, info in report["build"].items():
         cost = report["cost_ms"]["per_layer"].get(layer)
         cost_text = "" if cost is None else f"{cost:+.1f} ms"
         state = "enforced" if info["enforceable"] else "not enforceable in this build"
+        detail = html.escape(info["detail"])
+        if layer in fixed:
+            state += f" (always on under {backend})"
+            detail += "<br>" + html.escape(fixed[layer])
+        if layer == "container":
+            # The runtime's cost beside what only the runtime's own kernel stops.
+            detail += f'<br><span class="runtime">{html.escape(backend_summary(report))}</span>'
         rows.append(
             f'<tr><td class="l">{layer}</td><td class="l">{state}</td><td>{cost_text}</td>'
-            f'<td class="l">{html.escape(info["detail"])}</td></tr>'
+            f'<td class="l">{detail}</td></tr>'
         )
     return (
         "<table><tr><th>layer</th><th>build</th><th>cost per command</th><th>evidence</th></tr>"
@@ -64,7 +75,7 @@ def render_html(report: dict[str, Any]) -> str:
     """The report (the ``--json`` document) as one self-contained page."""
     data = json.dumps(report).replace("</", "<\\/")
     agree = report["agreement"]
-    title = f"stockade probe: {report['scenario']}"
+    title = f"stockade probe: {report['scenario']} ({report.get('backend', 'bubblewrap')})"
     page = _TEMPLATE.read_text(encoding="utf-8")
     cost = report["cost_ms"]
     parts = {
@@ -72,9 +83,12 @@ def render_html(report: dict[str, Any]) -> str:
         "SUMMARY": f"Model and reality agree on {agree['agree']} of {agree['total']} cells.",
         "TABLE": _table(report),
         "BUILD": _build(report),
-        "COST": (
+        "COST": html.escape(
             f"Start-up per command: {cost['baseline']:.1f} ms bare, "
-            f"{cost['all_on']:.1f} ms with every enforced layer on."
+            f"{cost['all_on']:.1f} ms with every enforced layer on. "
+            + backend_summary(report)[:1].upper()
+            + backend_summary(report)[1:]
+            + "."
         ),
         "DATA": data,
     }

@@ -6,11 +6,21 @@ Before that, one short run per layer collects evidence that the layer's mechanis
 force in this build (a namespace, a seccomp mode, a refused control read, a proxy): a
 layer without evidence is reported as not enforceable and left out of the subsets, never
 assumed.
+
+The container's runtime is chosen per probe (``backend``): every run of the probe uses
+it, and the model judges with it. Under ``gvisor`` two layers are held on in every run
+(:data:`FIXED`): runsc cannot run without its container (the runtime refuses, rather than
+run on the host kernel), and its network namespace is made whether egress is on or not,
+so with egress off the sandbox would have no network at all, not the host's: a state
+where switching egress on opens the proxy route, which no monotone model describes. The
+subsets range over the other layers. When runsc is usable, the cost measurement times
+the start-up under both runtimes in the same probe, beside what only gVisor stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import StockadeError
+from stockade._record import replace
 from stockade.api import run as stockade_run
 from stockade.model import (
     Action,
@@ -33,9 +44,11 @@ from stockade.model import (
     canonical,
     evaluate,
     exercised_layers,
+    kernel_only,
     subsets,
 )
 from stockade.policy import LAYERS, Policy
+from stockade.policy._model import BACKENDS, ContainerPolicy
 from stockade.probe import scenarios
 from stockade.probe._world import AGENT_NAME, CONTROL_ENV, PLAN_NAME, World, world
 
@@ -45,6 +58,18 @@ EXIT_DISAGREE = 1
 EXIT_INCOMPLETE = 3
 
 RUN_TIMEOUT = 30.0
+
+#: The layers the probe keeps on in every run under each backend, with the reason shown.
+FIXED: dict[str, dict[str, str]] = {
+    "bubblewrap": {},
+    "gvisor": {
+        "container": "always on under gvisor: runsc is the container, and the runtime "
+        "refuses gvisor without it rather than run on the host kernel",
+        "egress": "always on under gvisor: the gVisor entry makes its network namespace "
+        "whether egress is on or not, so egress off means no network at all (no proxy), "
+        "not the host's; switching egress on would open the proxy route",
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +132,18 @@ class Report:
     cost_ms: dict[str, float | None] = field(default_factory=dict)
     baseline_ms: float = 0.0
     all_on_ms: float = 0.0
+    #: the container's runtime every run used (``bubblewrap`` or ``gvisor``)
+    backend: str = "bubblewrap"
+    #: layers on in every run (under gvisor: container and egress, see :data:`FIXED`)
+    fixed: tuple[str, ...] = ()
+    #: ``runsc --version``'s first line and the platform, when runsc was found
+    runsc: str = ""
+    #: backend -> start-up milliseconds of ``true`` with every enforced layer on, both
+    #: measured in this probe (None: runsc not usable here, or costs not measured)
+    backend_ms: dict[str, float | None] = field(default_factory=dict)
+    #: the scenario's actions that only a kernel of the sandbox's own stops (the model:
+    #: through every bubblewrap layer, stopped under gvisor)
+    kernel_only: tuple[str, ...] = ()
 
     @property
     def measured_layers(self) -> tuple[str, ...]:
@@ -115,8 +152,10 @@ class Report:
 
     @property
     def missing(self) -> tuple[str, ...]:
-        """Switchable layers this build cannot enforce."""
-        return tuple(lay for lay in self.switchable if not self.build[lay].enforceable)
+        """Switchable or fixed layers this build cannot enforce."""
+        return tuple(
+            lay for lay in (*self.fixed, *self.switchable) if not self.build[lay].enforceable
+        )
 
     @property
     def agreement(self) -> tuple[int, int]:
@@ -137,6 +176,13 @@ class Report:
         agree, total = self.agreement
         return {
             "scenario": self.scenario,
+            "backend": self.backend,
+            "runsc": self.runsc,
+            "fixed": list(self.fixed),
+            "fixed_why": {lay: FIXED[self.backend][lay] for lay in self.fixed},
+            # the HTML figure's rings: every layer that is on in some run
+            "rings": list(canonical((*self.fixed, *self.switchable))),
+            "kernel_only": list(self.kernel_only),
             "actions": self.actions,
             "build": {
                 k: {"enforceable": v.enforceable, "detail": v.detail} for k, v in self.build.items()
@@ -183,6 +229,9 @@ class Report:
                 "per_layer": {
                     k: (None if v is None else round(v, 2)) for k, v in self.cost_ms.items()
                 },
+                "backends": {
+                    k: (None if v is None else round(v, 2)) for k, v in self.backend_ms.items()
+                },
             },
             "exit_code": self.exit_code,
         }
@@ -195,6 +244,14 @@ def _python() -> str:
             return candidate
     found = shutil.which("python3")
     return str(Path(found).resolve()) if found else str(Path(sys.executable).resolve())
+
+
+def on_backend(scenario: scenarios.Scenario, backend: str) -> scenarios.Scenario:
+    """``scenario`` with its policy's ``[container] backend`` set to ``backend``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; backends are {', '.join(BACKENDS)}")
+    policy = replace(scenario.policy, container=ContainerPolicy(backend=backend))
+    return dataclasses.replace(scenario, policy=policy)
 
 
 def _landlock_scopes() -> bool:
@@ -227,7 +284,9 @@ def _run(
     return result.returncode, out, elapsed
 
 
-def _inspect_check(w: World, scenario: scenarios.Scenario, scopes: bool) -> tuple[bool | None, str]:
+def _inspect_check(
+    w: World, scenario: scenarios.Scenario, scopes: bool, fixed: tuple[str, ...] = ()
+) -> tuple[bool | None, str]:
     """Run with egress and inspect on: is a request the rules refuse stopped by the proxy?
 
     Two requests go to the registry through the proxy only: one the model says the rules
@@ -281,7 +340,7 @@ def _inspect_check(w: World, scenario: scenarios.Scenario, scopes: bool) -> tupl
         scenario.policy,
         w.caller_env(scenario.env),
         [_python(), AGENT_NAME, PLAN_NAME],
-        ("egress", "inspect"),
+        canonical(("egress", "inspect", *fixed)),
     )
     time.sleep(0.15)
     reports = {}
@@ -302,13 +361,15 @@ def _inspect_check(w: World, scenario: scenarios.Scenario, scopes: bool) -> tupl
 
 
 def capabilities(
-    w: World, scenario: scenarios.Scenario, scopes: bool = True
+    w: World, scenario: scenarios.Scenario, scopes: bool = True, fixed: tuple[str, ...] = ()
 ) -> dict[str, LayerBuild]:
-    """One run per layer with only that layer on; judge from the evidence it prints.
+    """One run per layer with only that layer (and the ``fixed`` ones) on; judge from the
+    evidence it prints.
 
     ``inspect`` acts only in the proxy, so its evidence is a run with egress on too (see
-    :func:`_inspect_check`).
+    :func:`_inspect_check`). The backend is the scenario policy's.
     """
+    gvisor = scenario.policy.container.backend == "gvisor"
     plan = {"evidence": {"env": CONTROL_ENV, "file": str(w.control_file), "content": w.canary}}
     ws = scenario.policy.filesystem.workspace
     (ws / PLAN_NAME).write_text(json.dumps(plan))
@@ -318,7 +379,11 @@ def capabilities(
     for layer in LAYERS:
         try:
             code, out, _ = _run(
-                w, scenario.policy, env, [_python(), AGENT_NAME, PLAN_NAME], [layer]
+                w,
+                scenario.policy,
+                env,
+                [_python(), AGENT_NAME, PLAN_NAME],
+                canonical((layer, *fixed)),
             )
         except StockadeError as exc:
             facts[layer] = f"the run was refused: {exc}"
@@ -338,20 +403,41 @@ def capabilities(
         fact = facts[layer]
         return None if isinstance(fact, str) else fact.get(key)
 
-    verdict(
-        "container",
-        get("container", "ns_pid") not in (None, host_ns["pid"])
-        and get("container", "hostname") == "stockade",
-        "own PID namespace and hostname inside bubblewrap",
-        "no PID namespace of its own with only the container layer on",
-    )
-    verdict(
-        "files",
-        get("files", "control_read") is False,
-        f"a read of an ungranted host file failed ({get('files', 'control_error')})",
-        "with only the files layer on, a host file outside every grant was readable: "
-        "the Landlock ruleset is not applied by this build's runtime",
-    )
+    if gvisor:
+        inside = get("container", "kernel") or {}
+        verdict(
+            "container",
+            bool(inside)
+            and inside != w.kernel
+            and get("container", "ns_pid") not in (None, host_ns["pid"])
+            and get("container", "hostname") == "stockade",
+            f"a kernel of its own: Linux {inside.get('release')} inside (the host runs "
+            f"{w.kernel.get('release')}, another boot id), own PID namespace and hostname",
+            "the command saw the host's kernel (or no PID namespace of its own) under gvisor",
+        )
+        verdict(
+            "files",
+            get("files", "control_read") is False,
+            "no Landlock under gVisor (ENOSYS; the launcher runs with it off): the files "
+            "policy is the container's mount plan, which hid an ungranted host file "
+            f"({get('files', 'control_error')}); switching files changes nothing here",
+            "an ungranted host file was readable under gvisor: the mount plan exposes it",
+        )
+    else:
+        verdict(
+            "container",
+            get("container", "ns_pid") not in (None, host_ns["pid"])
+            and get("container", "hostname") == "stockade",
+            "own PID namespace and hostname inside bubblewrap",
+            "no PID namespace of its own with only the container layer on",
+        )
+        verdict(
+            "files",
+            get("files", "control_read") is False,
+            f"a read of an ungranted host file failed ({get('files', 'control_error')})",
+            "with only the files layer on, a host file outside every grant was readable: "
+            "the Landlock ruleset is not applied by this build's runtime",
+        )
     verdict(
         "syscalls",
         get("syscalls", "Seccomp") == "2",
@@ -382,7 +468,7 @@ def capabilities(
             "inspect", False, "inspect acts in the egress proxy, which this build does not run"
         )
     else:
-        inspected, why = _inspect_check(w, scenario, scopes)
+        inspected, why = _inspect_check(w, scenario, scopes, fixed)
         out_builds["inspect"] = LayerBuild("inspect", inspected is True, why)
     want = scenario.policy.limits.file_size
     verdict(
@@ -394,10 +480,12 @@ def capabilities(
     return {layer: out_builds[layer] for layer in LAYERS}
 
 
-def _run_subset(w: World, name: str, layers: tuple[str, ...], scopes: bool) -> SubsetRun:
+def _run_subset(
+    w: World, name: str, layers: tuple[str, ...], scopes: bool, backend: str = "bubblewrap"
+) -> SubsetRun:
     nonce = uuid.uuid4().hex[:12]
     layout = w.layout(nonce)
-    sc = scenarios.build(name, layout)
+    sc = on_backend(scenarios.build(name, layout), backend)
     ev = evaluate(Boundary(sc.policy, landlock_scopes=scopes), sc.actions, layers)
     steps = [{**s.attempt, "id": s.action.id, "address": s.action.address} for s in sc.steps]
     ws = sc.policy.filesystem.workspace
@@ -435,43 +523,102 @@ def _run_subset(w: World, name: str, layers: tuple[str, ...], scopes: bool) -> S
 
 
 def _measure_cost(
-    w: World, scenario: scenarios.Scenario, layers: tuple[str, ...], repeat: int
+    w: World,
+    scenario: scenarios.Scenario,
+    layers: tuple[str, ...],
+    repeat: int,
+    fixed: tuple[str, ...] = (),
 ) -> tuple[float, float, dict[str, float | None]]:
+    """(bare, every layer on, each layer's share) in milliseconds of ``true``.
+
+    A fixed layer cannot be taken out, so its share is None: under gvisor the
+    container's cost is the runtime's, which :func:`_backend_cost` measures.
+    """
     env = w.caller_env(scenario.env)
 
-    def mean_ms(active: Sequence[str]) -> float:
-        times = [_run(w, scenario.policy, env, ["true"], active)[2] for _ in range(repeat)]
+    def mean_ms(active: Sequence[str], policy: Policy = scenario.policy) -> float:
+        times = [_run(w, policy, env, ["true"], active)[2] for _ in range(repeat)]
         return statistics.median(times) * 1000
 
     mean_ms(layers)  # warm caches (launcher build, page cache) before timing
-    baseline = mean_ms(())
+    # No layer at all: no container, so no runtime either (gvisor would refuse it).
+    baseline = mean_ms((), on_backend(scenario, "bubblewrap").policy)
     all_on = mean_ms(layers)
     cost: dict[str, float | None] = {}
     for layer in LAYERS:
-        if layer in layers:
+        if layer in layers and layer not in fixed:
             cost[layer] = all_on - mean_ms([x for x in layers if x != layer])
         else:
             cost[layer] = None
     return baseline, all_on, cost
 
 
+def _backend_cost(
+    w: World, scenario: scenarios.Scenario, layers: tuple[str, ...], repeat: int, runsc: bool
+) -> dict[str, float | None]:
+    """Start-up of ``true`` under each runtime with the same layers on (the container's
+    among them: it is what the runtime builds); gvisor is None when runsc is not usable."""
+    env = w.caller_env(scenario.env)
+    active = canonical(("container", *layers))
+    out: dict[str, float | None] = {}
+    for backend in BACKENDS:
+        if backend == "gvisor" and not runsc:
+            out[backend] = None
+            continue
+        policy = on_backend(scenario, backend).policy
+        _run(w, policy, env, ["true"], active)  # warm: the launcher, runsc's page cache
+        times = [_run(w, policy, env, ["true"], active)[2] for _ in range(repeat)]
+        out[backend] = statistics.median(times) * 1000
+    return out
+
+
+def _usable_runsc() -> str | None:
+    """``runsc --version``'s first line and its platform, or None when there is no
+    usable runsc (missing, unreadable or too old)."""
+    from stockade._exceptions import Unavailable
+    from stockade.enforce import gvisor
+
+    try:
+        found = gvisor.require_runsc()
+    except Unavailable:
+        return None
+    return f"{found.text} ({found.platform})"
+
+
 def probe(
     scenario: str = "seed",
     layers: Sequence[str] | None = None,
     *,
+    backend: str = "bubblewrap",
     cost_repeat: int = 3,
     base: Path | None = None,
 ) -> Report:
-    """Run ``scenario`` under every subset of ``layers`` (default: those it exercises).
+    """Run ``scenario`` under every subset of ``layers`` (default: those it exercises),
+    with the container's runtime ``backend``.
 
-    Layers this build cannot enforce are reported and left out of the subsets.
+    Layers this build cannot enforce are reported and left out of the subsets. Under
+    ``gvisor`` the layers of :data:`FIXED` are on in every run and the subsets range
+    over the others.
+
+    Raises:
+        Unavailable: ``backend`` is ``gvisor`` and there is no usable runsc (never a
+            fallback to bubblewrap).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; backends are {', '.join(BACKENDS)}")
+    runsc = _usable_runsc()
+    if backend == "gvisor" and runsc is None:
+        from stockade.enforce import gvisor
+
+        gvisor.require_runsc()  # raises the Unavailable that says how to get one
+    fixed = canonical(FIXED[backend])
     scopes = _landlock_scopes()
     with world(base) as w:
-        first = scenarios.build(scenario, w.layout("setup"))
+        first = on_backend(scenarios.build(scenario, w.layout("setup")), backend)
         boundary = Boundary(first.policy, landlock_scopes=scopes)
-        switchable = canonical(layers) if layers else exercised_layers(boundary, first.actions)
-        build = capabilities(w, first, scopes)
+        chosen = canonical(layers) if layers else exercised_layers(boundary, first.actions)
+        switchable = tuple(lay for lay in chosen if lay not in fixed)
+        build = capabilities(w, first, scopes, fixed)
         report = Report(
             scenario,
             [
@@ -486,12 +633,20 @@ def probe(
             ],
             build,
             switchable,
+            backend=backend,
+            fixed=fixed,
+            runsc=runsc or "",
+            kernel_only=kernel_only(boundary, first.actions),
         )
-        for subset in subsets(report.measured_layers):
-            report.runs.append(_run_subset(w, scenario, subset, scopes))
+        if all(build[lay].enforceable for lay in fixed):
+            for subset in subsets(report.measured_layers):
+                report.runs.append(
+                    _run_subset(w, scenario, canonical((*subset, *fixed)), scopes, backend)
+                )
         enforceable = tuple(lay for lay in LAYERS if build[lay].enforceable)
         if cost_repeat > 0:
             report.baseline_ms, report.all_on_ms, report.cost_ms = _measure_cost(
-                w, first, enforceable, cost_repeat
+                w, first, enforceable, cost_repeat, fixed
             )
+            report.backend_ms = _backend_cost(w, first, enforceable, cost_repeat, runsc is not None)
     return report

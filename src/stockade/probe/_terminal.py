@@ -25,13 +25,53 @@ def _subset_label(layers: list[str]) -> str:
     return "".join(_ABBREV[x] for x in layers) or "-"
 
 
+def backend_summary(report: dict[str, Any]) -> str:
+    """One sentence: the start-up of each container runtime measured in this probe, and
+    what only a kernel of the sandbox's own stops in the scenario (and whether the runs
+    of this probe showed it)."""
+    figures = report["cost_ms"].get("backends") or {}
+    bwrap, gvisor = figures.get("bubblewrap"), figures.get("gvisor")
+    if bwrap is None:
+        cost = "container runtime start-up not measured (--cost-runs 0)"
+    elif gvisor is None:
+        cost = (
+            f"container runtime start-up: bubblewrap {bwrap:.1f} ms per command; gvisor not "
+            "measured (no usable runsc: scripts/get-runsc, docs/gvisor.md)"
+        )
+    else:
+        cost = (
+            f"container runtime start-up: bubblewrap {bwrap:.1f} ms, gvisor {gvisor:.1f} ms "
+            f"per command ({gvisor - bwrap:+.1f} ms"
+            + (f", {gvisor / bwrap:.1f}x" if bwrap > 0 else "")
+            + ")"
+        )
+    only = report.get("kernel_only") or []
+    if not only:
+        return (
+            f"{cost}; what only gvisor's own kernel stops: nothing in this scenario "
+            "(the extended scenario has host-kernel)"
+        )
+    backend = report.get("backend", "bubblewrap")
+    seen = []
+    for action in only:
+        cells = [r["cells"][action]["measured"] for r in report["runs"] if action in r["cells"]]
+        stopped = sum(c == "stopped" for c in cells)
+        # What this probe's own runs showed, under the runtime it used.
+        measured = f" (under {backend}: stopped in {stopped} of {len(cells)} runs here)"
+        seen.append(action + (measured if cells else ""))
+    return f"{cost}; what only gvisor's own kernel stops: {', '.join(seen)}"
+
+
 def render(report: dict[str, Any], *, colour: bool = False) -> str:
     """The report (the ``--json`` document) as text."""
 
     def paint(text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if colour else text
 
-    lines = [f"stockade probe: scenario {report['scenario']!r}"]
+    backend = report.get("backend", "bubblewrap")
+    runsc = f" ({report['runsc']})" if backend == "gvisor" and report.get("runsc") else ""
+    lines = [f"stockade probe: scenario {report['scenario']!r}, container runtime {backend}{runsc}"]
+    fixed = report.get("fixed_why") or {}
     lines.append("")
     lines.append("layers in this build:")
     for layer, info in report["build"].items():
@@ -43,8 +83,15 @@ def render(report: dict[str, Any], *, colour: bool = False) -> str:
         cost = report["cost_ms"]["per_layer"].get(layer)
         cost_text = f"  {cost:+.1f} ms/command" if cost is not None else ""
         switch = " (switched)" if layer in report["measured_layers"] else ""
+        if layer in fixed:
+            switch = f" (always on under {backend})"
         lines.append(f"  {_ABBREV[layer]} {layer:<10} {mark}{switch}{cost_text}")
         lines.append(f"      {info['detail']}")
+        if layer in fixed:
+            lines.append(f"      {fixed[layer]}")
+        if layer == "container":
+            # The runtime's cost beside what only the runtime's own kernel stops.
+            lines.append(f"      {backend_summary(report)}")
     lines.append("")
     runs = report["runs"]
     width = max([len(a["id"]) for a in report["actions"]] + [6])
