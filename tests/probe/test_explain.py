@@ -53,3 +53,43 @@ def test_explain_flags_channels_and_exceptions(tmp_path: Path) -> None:
         cwd=ws,
     )
     assert "EXFILTRATION CHANNEL" in text.stdout
+
+
+def test_explain_says_which_layer_stops_each_attack_under_each_runtime(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\n[filesystem]\nworkspace = "{ws}"\n')
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "c")}
+
+    def explain(*extra: str) -> dict[str, object]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stockade", "explain", "--policy", str(policy), *extra],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+            cwd=ws,
+        )
+        assert proc.returncode == 0, proc.stderr
+        data: dict[str, object] = json.loads(proc.stdout) if "--json" in extra else {}
+        data["text"] = proc.stdout
+        return data
+
+    bwrap = explain("--json")
+    assert bwrap["backend"] == "bubblewrap"
+    by = {d["action"]: d for d in bwrap["by_backend"]}  # type: ignore[attr-defined]
+    assert by["host-kernel"]["bubblewrap"] == []
+    assert by["host-kernel"]["gvisor"] == ["container"]
+    assert by["read-ssh-key"] == {**by["read-ssh-key"], "gvisor": ["container"]}
+    assert by["nested-userns"]["gvisor"] == ["syscalls"]
+    assert "upload" not in by  # the same layers stop it on either runtime
+    residual = {r["action"] for r in bwrap["residual"]}  # type: ignore[attr-defined]
+    assert "host-kernel" in residual
+    gvisor = explain("--json", "--backend", "gvisor")
+    assert gvisor["backend"] == "gvisor"
+    assert "host-kernel" not in {r["action"] for r in gvisor["residual"]}  # type: ignore[attr-defined]
+    text = str(explain("--backend", "gvisor")["text"])
+    assert "container runtime: gvisor" in text
+    assert "host-kernel" in text
+    assert "nothing stops it" in text

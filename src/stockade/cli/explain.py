@@ -4,7 +4,10 @@ Static: nothing is run. For each allowed destination it lists the effects that r
 (download; upload, i.e. which methods an inspected host still accepts; a bound
 credential), flags destinations that accept writes as exfiltration channels, lists the
 policy's deliberate exceptions with a risk note each, and gives the residual the model
-predicts for the extended scenario's attacks under this policy.
+predicts for the extended scenario's attacks under this policy. The container's runtime
+is the policy's ``[container] backend`` (or ``--backend``); for each attack where the
+runtime makes a difference (a system call the host kernel would parse, Landlock's part,
+a user namespace) it says which layers stop it under each runtime.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workspace", type=Path, default=None, help="workspace (default: the policy's)"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("bubblewrap", "gvisor"),
+        default=None,
+        help="judge under this container runtime instead of the policy's [container] backend",
+    )
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
 
@@ -74,14 +83,16 @@ def _broad_note(entry: str) -> str | None:
     return None
 
 
-def analyse(policy: Any) -> dict[str, Any]:
-    """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data."""
+def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
+    """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data, under the
+    container runtime ``backend`` (default: the policy's)."""
     from stockade.model import Action, Boundary, Kind, RuleHost, evaluate
     from stockade.policy import LAYERS, Policy
+    from stockade.policy._model import BACKENDS
     from stockade.probe import scenarios
 
     assert isinstance(policy, Policy)
-    boundary = Boundary(policy)
+    boundary = Boundary(policy, runtime=backend or "")
     layers = policy.layers
     writing = {"PUT", "POST", "PATCH", "DELETE"}
     destinations = []
@@ -199,18 +210,44 @@ def analyse(policy: Any) -> dict[str, Any]:
                 path="/",
             )
         )
+    if boundary.own_kernel and not layers.container:
+        exceptions.append(
+            {
+                "kind": "gvisor without the container layer",
+                "value": "container",
+                "risk": "refused: stockade will not run gvisor without its container "
+                "(nor fall back to the host kernel)",
+            }
+        )
     ev = evaluate(boundary, residual_actions, layers.active())
     residual = [
         {"action": o.action.id, "description": o.action.description}
         for o in ev.outcomes
         if o.through and not o.action.needed
     ]
+    # The same attacks under each runtime: the layers of this policy that each stop it on
+    # every route. Where they differ, the runtime is part of what stops it (or of what
+    # no longer does: Landlock's part under gvisor).
+    by_backend = []
+    for action in residual_actions:
+        stoppers = {
+            b: [
+                layer
+                for layer in layers.active()
+                if boundary.with_backend(b).stops(layer, action) is not None
+            ]
+            for b in BACKENDS
+        }
+        if len({tuple(v) for v in stoppers.values()}) > 1:
+            by_backend.append({"action": action.id, "description": action.description, **stoppers})
     return {
         "policy": list(policy.sources),
+        "backend": boundary.backend,
         "layers": list(layers.active()),
         "destinations": destinations,
         "exceptions": exceptions,
         "residual": residual,
+        "by_backend": by_backend,
     }
 
 
@@ -219,11 +256,14 @@ def execute(args: argparse.Namespace) -> int:
     from stockade.policy import load_policy
 
     policy = load_policy(args.policy, workspace=args.workspace)
-    data = analyse(policy)
+    data = analyse(policy, args.backend)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"policy: {', '.join(data['policy'])}; layers on: {', '.join(data['layers'])}")
+    print(
+        f"policy: {', '.join(data['policy'])}; layers on: {', '.join(data['layers'])}; "
+        f"container runtime: {data['backend']}"
+    )
     print("\ndestinations:")
     if not data["destinations"]:
         print("  none: the sandbox has no network")
@@ -246,4 +286,12 @@ def execute(args: argparse.Namespace) -> int:
         print("  nothing gets through")
     for r in data["residual"]:
         print(f"  open: {r['action']}: {r['description']}")
+    print("\nwhere the container runtime matters (the layers that each stop the attack):")
+    if not data["by_backend"]:
+        print("  nowhere, with these layers")
+    for d in data["by_backend"]:
+        print(f"  {d['action']}: {d['description']}")
+        for b in ("bubblewrap", "gvisor"):
+            mark = "  <- this run" if b == data["backend"] else ""
+            print(f"      {b:<10} {', '.join(d[b]) or 'nothing stops it'}{mark}")
     return 0
