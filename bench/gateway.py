@@ -14,9 +14,14 @@ connection binds its pod's address. Measured, all on loopback:
   proxy's own CPU time per decision (from /proc, so independent of how fast this client
   is on a 2-core machine).
 
-The gateway is measured with 1, 10 and 100 pods in its cache, the clients rotating over
-that many identities; the rounds go in turns (local, 1, 10, 100) so all see the same
-moment, and the median of ``--rounds`` is kept. The last line printed is one JSON object.
+The gateway is measured with 1, 10 and 100 pods in its cache: three gateway processes,
+each watching its own namespace (``bench1``, ``bench10``, ``bench100``) of the one fake
+API server, the clients rotating over that many identities. All four proxies run at
+once, so that a machine shared with other work loads them alike: the p50 samples go in
+turns request by request (local, 1, 10, 100, in an order rotated per request), and the
+tunnels and decision bursts in turns per round (order rotated per round). The median of
+``--rounds`` is kept, and the spread (min..max over rounds) of the ratios printed. The
+last line printed is one JSON object.
 Run: ``.venv/bin/python bench/gateway.py [--size-mib 1024] [--quick]``.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -54,13 +60,15 @@ hosts = { "allowed.test" = "127.0.0.1", "denied.test" = "127.0.0.1" }
 tls_ports = []
 
 [kubernetes]
-namespaces = ["bench"]
+namespaces = ["bench1", "bench10", "bench100"]
 """
 
 
-def source(index: int) -> str:
-    """The address of pod ``index`` (127.0.20.1 onwards)."""
-    return f"127.0.{20 + index // 250}.{1 + index % 250}"
+def source(index: int, count: int = 0) -> str:
+    """The address of pod ``index`` of the gateway with ``count`` pods (the gateways'
+    address ranges do not overlap: 127.0.20.1 onwards, 127.0.30.1, 127.0.40.1)."""
+    base = {0: 20, 1: 20, 10: 30, 100: 40}[count]
+    return f"127.0.{base + index // 250}.{1 + index % 250}"
 
 
 def connect(port: int, src: str | None) -> socket.socket:
@@ -90,24 +98,35 @@ def tunnel_throughput(proxy: int, src: str | None, upstream: int, size: int) -> 
     return size / elapsed
 
 
-def p50(proxy: int, sources: list[str | None], upstream: int, count: int) -> float:
-    """p50 (ms) of a small forward GET on a fresh connection, rotating over ``sources``."""
+def _timed_get(port: int, src: str | None, request: bytes) -> float:
+    started = time.perf_counter()
+    with connect(port, src) as sock:
+        sock.sendall(request)
+        data = b""
+        while not data.endswith(b"ok"):
+            part = sock.recv(65536)
+            if not part:
+                raise RuntimeError(f"request cut short: {data[:80]!r}")
+            data += part
+    return time.perf_counter() - started
+
+
+def p50s(
+    targets: dict[str, tuple[int, list[str | None]]], upstream: int, count: int
+) -> dict[str, float]:
+    """p50 (ms) per target of a small forward GET on a fresh connection, each target's
+    clients rotating over its sources; the targets take turns request by request."""
     request = (
         f"GET http://allowed.test:{upstream}/ HTTP/1.1\r\nHost: allowed.test:{upstream}\r\n\r\n"
     ).encode()
-    samples = []
+    labels = list(targets)
+    samples: dict[str, list[float]] = {k: [] for k in labels}
     for index in range(count):
-        started = time.perf_counter()
-        with connect(proxy, sources[index % len(sources)]) as sock:
-            sock.sendall(request)
-            data = b""
-            while not data.endswith(b"ok"):
-                part = sock.recv(65536)
-                if not part:
-                    raise RuntimeError(f"request cut short: {data[:80]!r}")
-                data += part
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples) * 1000
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            port, sources = targets[label]
+            samples[label].append(_timed_get(port, sources[index % len(sources)], request))
+    return {k: statistics.median(v) * 1000 for k, v in samples.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -154,16 +173,20 @@ def decisions(
     return rate, (cpu_seconds(pid) - cpu) / count * 1e6, errors
 
 
-def set_pods(api: ApiThread, count: int) -> None:
-    """Exactly pods 0..count-1 in the API server (so in the gateway's cache)."""
+def add_pods(api: ApiThread, count: int) -> None:
+    """Pods 0..count-1 of namespace ``bench{count}``, before its gateway starts (so that
+    its first list has them all)."""
 
     async def change() -> None:
-        for i in range(max(count, len(api.api.pods))):
-            uid = f"uid-pod-{i}"
-            if i < count and uid not in api.api.pods:
-                api.api.put(pod(f"pod-{i}", source(i), namespace="bench", policy="bench"))
-            elif i >= count and uid in api.api.pods:
-                api.api.delete(uid)
+        for i in range(count):
+            api.api.put(
+                pod(
+                    f"pod-{count}-{i}",
+                    source(i, count),
+                    namespace=f"bench{count}",
+                    policy="bench",
+                )
+            )
 
     api.call(change())
 
@@ -204,92 +227,121 @@ def main() -> int:
     (policies / "bench.toml").write_text(POLICY)
     api = ApiThread(tmp)
     out: dict[str, Any] = {"size_mib": args.size_mib, "rounds": args.rounds}
+    labels = ["local", *(f"gateway_{n}" for n in IDENTITIES)]
+    p50_rounds: dict[str, list[float]] = {k: [] for k in labels}
     try:
-        with process(
-            [sys.executable, "-c", UPSTREAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        ) as upstream:
+        with contextlib.ExitStack() as stack:
+            upstream = stack.enter_context(
+                process(
+                    [sys.executable, "-c", UPSTREAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                )
+            )
             assert upstream.stdout is not None
             src_port, http_port, _ = map(int, upstream.stdout.readline().split())
-            local_port, gw_port, metrics_port = free_port(), free_port(), free_port()
-            local_argv = [
-                *STOCKADE,
-                "proxy",
-                "--listen",
-                f"tcp:{HOST}:{local_port}",
-                "--policy",
-                str(policies / "bench.toml"),
-                "--audit",
-                str(tmp / "local-audit.jsonl"),
-                "--quiet",
-            ]
-            gw_argv = [
-                *STOCKADE,
-                "gateway",
-                "serve",
-                "--listen",
-                f"{HOST}:{gw_port}",
-                "--policies",
-                str(policies),
-                "--namespace",
-                "bench",
-                "--metrics",
-                f"{HOST}:{metrics_port}",
-                "--api",
-                api.address,
-                "--token-file",
-                str(api.token_file),
-                "--ca-file",
-                str(api.ca_file),
-            ]
-            with (
-                open(tmp / "gateway-audit.jsonl", "wb") as gw_out,
-                process(local_argv, stderr=subprocess.DEVNULL) as local,
-                process(gw_argv, stdout=gw_out, stderr=subprocess.DEVNULL) as gateway,
-            ):
-                wait_port(local_port)
-                wait_port(gw_port)
-                labels = ["local", *(f"gateway_{n}" for n in IDENTITIES)]
-                tunnel: dict[str, list[float]] = {k: [] for k in labels}
-                lat: dict[str, list[float]] = {k: [] for k in labels}
-                rate: dict[str, list[float]] = {k: [] for k in labels}
-                cpu: dict[str, list[float]] = {k: [] for k in labels}
-                errors = 0
-                for _ in range(args.rounds):
-                    for label in labels:
-                        sources: list[str | None]
-                        if label == "local":
-                            port, pid, sources = local_port, local.pid, [None]
-                        else:
-                            count = int(label.split("_")[1])
-                            set_pods(api, count)
-                            wait_pods(metrics_port, count)
-                            port, pid = gw_port, gateway.pid
-                            sources = [source(i) for i in range(count)]
-                        tunnel[label].append(tunnel_throughput(port, sources[0], src_port, size))
-                        lat[label].append(p50(port, list(sources), http_port, args.samples))
-                        r, c, e = decisions(
-                            port, pid, list(sources), args.decisions, args.concurrency
-                        )
-                        rate[label].append(r)
-                        cpu[label].append(c)
-                        errors += e
-                        print(
-                            f"{label:>11}: tunnel {tunnel[label][-1] / 1e9:.3f} GB/s, "
-                            f"p50 {lat[label][-1]:.3f} ms, {r:.0f} decisions/s, "
-                            f"{c:.0f} µs CPU/decision, {e} errors",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+            local_port = free_port()
+            local = stack.enter_context(
+                process(
+                    [
+                        *STOCKADE,
+                        "proxy",
+                        "--listen",
+                        f"tcp:{HOST}:{local_port}",
+                        "--policy",
+                        str(policies / "bench.toml"),
+                        "--audit",
+                        str(tmp / "local-audit.jsonl"),
+                        "--quiet",
+                    ],
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            # label -> (port, pid, sources)
+            targets: dict[str, tuple[int, int, list[str | None]]] = {
+                "local": (local_port, local.pid, [None])
+            }
+            waiting = []
+            for count in IDENTITIES:
+                add_pods(api, count)
+                port, metrics_port = free_port(), free_port()
+                audit = stack.enter_context(open(tmp / f"gateway-{count}-audit.jsonl", "wb"))
+                gateway = stack.enter_context(
+                    process(
+                        [
+                            *STOCKADE,
+                            "gateway",
+                            "serve",
+                            "--listen",
+                            f"{HOST}:{port}",
+                            "--policies",
+                            str(policies),
+                            "--namespace",
+                            f"bench{count}",
+                            "--metrics",
+                            f"{HOST}:{metrics_port}",
+                            "--api",
+                            api.address,
+                            "--token-file",
+                            str(api.token_file),
+                            "--ca-file",
+                            str(api.ca_file),
+                        ],
+                        stdout=audit,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+                sources: list[str | None] = [source(i, count) for i in range(count)]
+                targets[f"gateway_{count}"] = (port, gateway.pid, sources)
+                waiting.append((port, metrics_port, count))
+            wait_port(local_port)
+            for port, metrics_port, count in waiting:
+                wait_port(port)
+                wait_pods(metrics_port, count)
+            tunnel: dict[str, list[float]] = {k: [] for k in labels}
+            rate: dict[str, list[float]] = {k: [] for k in labels}
+            cpu: dict[str, list[float]] = {k: [] for k in labels}
+            errors = 0
+            for round_index in range(args.rounds):
+                shift = round_index % len(labels)
+                order = labels[shift:] + labels[:shift]
+                for label in order:
+                    port, _, sources = targets[label]
+                    tunnel[label].append(tunnel_throughput(port, sources[0], src_port, size))
+                lat = p50s(
+                    {k: (targets[k][0], targets[k][2]) for k in order}, http_port, args.samples
+                )
+                for label in order:
+                    port, pid, sources = targets[label]
+                    r, c, e = decisions(port, pid, list(sources), args.decisions, args.concurrency)
+                    rate[label].append(r)
+                    cpu[label].append(c)
+                    errors += e
+                    p50_rounds[label].append(lat[label])
                 for label in labels:
-                    out[label] = {
-                        "tunnel_GBps": round(max(tunnel[label]) / 1e9, 3),
-                        "p50_ms": round(statistics.median(lat[label]), 3),
-                        "decisions_per_s": round(statistics.median(rate[label])),
-                        "cpu_us_per_decision": round(statistics.median(cpu[label]), 1),
-                    }
-                out["gateway_rss_kib"] = rss_kib(gateway.pid)
-                out["local_rss_kib"] = rss_kib(local.pid)
-                out["errors"] = errors
+                    print(
+                        f"{label:>12}: tunnel {tunnel[label][-1] / 1e9:.3f} GB/s, "
+                        f"p50 {lat[label]:.3f} ms, {rate[label][-1]:.0f} decisions/s, "
+                        f"{cpu[label][-1]:.0f} µs CPU/decision",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            for label in labels:
+                out[label] = {
+                    "tunnel_GBps": round(max(tunnel[label]) / 1e9, 3),
+                    "p50_ms": round(statistics.median(p50_rounds[label]), 3),
+                    "decisions_per_s": round(statistics.median(rate[label])),
+                    "cpu_us_per_decision": round(statistics.median(cpu[label]), 1),
+                }
+            out["gateway_rss_kib"] = rss_kib(targets[f"gateway_{IDENTITIES[-1]}"][1])
+            out["local_rss_kib"] = rss_kib(local.pid)
+            out["errors"] = errors
+            # The p50 ratio of each round (the same moment for all four), and its spread.
+            per_round = [
+                g / loc
+                for g, loc in zip(
+                    p50_rounds[f"gateway_{IDENTITIES[-1]}"], p50_rounds["local"], strict=True
+                )
+            ]
+            out["p50_vs_local_by_round"] = [round(x, 3) for x in per_round]
     finally:
         api.close()
     local_result, top = out["local"], out[f"gateway_{IDENTITIES[-1]}"]
