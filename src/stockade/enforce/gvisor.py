@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,6 +63,7 @@ __all__ = [
     "require_runsc",
     "runsc_argv",
     "runsc_version",
+    "start_failure",
 ]
 
 #: The oldest runsc accepted: release-20230227.0 stopped refusing statx's
@@ -210,6 +212,22 @@ def rootfs_symlinks(system_paths: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
+def _host_endpoint(path: Path) -> bool:
+    """Whether ``path`` is a unix socket or a FIFO on the host.
+
+    Such a file cannot be a mount point under runsc: its gofer opens every mount point
+    and gets ENXIO, and the sandbox never starts (a dev server's socket in the workspace
+    would stop every run). Nor need it be masked: runsc ``--host-uds=none`` and
+    ``--host-fifo=none`` (:func:`runsc_argv`) refuse to connect to or open any host
+    socket or FIFO from inside.
+    """
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
+
+
 def _bind(source: str, destination: str, *, ro: bool) -> dict[str, Any]:
     return {
         "destination": destination,
@@ -256,7 +274,9 @@ def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
     # EBUSY in the Sentry as on the host, and every protected path is a mount below.
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.protected]
     mounts += [_tmpfs(str(p), ro=True) for p in plan.masked_dirs]
-    mounts += [_bind("/dev/null", str(p), ro=True) for p in plan.masked_files]
+    mounts += [
+        _bind("/dev/null", str(p), ro=True) for p in plan.masked_files if not _host_endpoint(p)
+    ]
     mounts += [_bind(str(host), inside, ro=True) for host, inside in plan.files]
     return mounts
 
@@ -306,24 +326,80 @@ def build_bundle(
 
 
 def runsc_argv(
-    runsc: Runsc, state: str, bundle: str, container_id: str, *, platform: str | None = None
+    runsc: Runsc,
+    state: str,
+    bundle: str,
+    container_id: str,
+    *,
+    platform: str | None = None,
+    log: str | None = None,
+    pid_file: str | None = None,
+    console_socket: str | None = None,
 ) -> list[str]:
     """``runsc ... run`` for a bundle; ``platform`` overrides :func:`platform_for` (the
-    user asked for one, e.g. kvm)."""
+    user asked for one, e.g. kvm).
+
+    ``log`` and ``pid_file`` are how a sandbox that never started is told from a command
+    that failed (:func:`start_failure`); ``console_socket`` receives the pty runsc makes
+    for a ``terminal`` bundle.
+    """
     return [
         str(runsc.path),
         f"--root={state}",
+        *([f"--log={log}"] if log else []),
         # rootless: the runsc tree lives in stockade's cgroup, which the runtime made.
         "--ignore-cgroups",
         "--network=host",
         f"--platform={platform or runsc.platform}",
+        # Pinned, not left to the defaults: no host unix socket and no host FIFO is
+        # reachable from inside, whatever the mounts show (the workspace's sockets are
+        # left unmasked under gVisor, see _host_endpoint).
+        "--host-uds=none",
+        "--host-fifo=none",
         # Pinned: the default changed in 2023 (root:self), and the workspace must never
         # be an overlay (writes must reach the disk). The rootfs is read-only anyway.
         "--overlay2=none",
+        # The gofer opens every host file, not the Sentry: with directfs (the default
+        # since 2023) runsc 20240729 truncates a host file opened with O_TRUNC in a
+        # read-only bind nested in a read-write one (a protected path in the workspace:
+        # .git/worktrees/*/commondir) before it answers EROFS. Costs about 2x on
+        # file-heavy work (docs/gvisor.md).
+        "--directfs=false",
         "run",
+        *([f"--pid-file={pid_file}"] if pid_file else []),
+        *([f"--console-socket={console_socket}"] if console_socket else []),
         f"--bundle={bundle}",
         container_id,
     ]
+
+
+#: runsc's exit status when it fails itself (``util.Fatalf``); a command's own status is
+#: passed through (128 + n for a signal), so 128 alone does not tell them apart.
+RUNSC_FAILED = 128
+
+
+def start_failure(returncode: int, pid_file: str | None, log: str) -> str | None:
+    """Why a ``runsc run`` that exited with ``returncode`` is the sandbox's failure, not
+    the command's; None when the status is the command's own.
+
+    ``pid_file`` is the content of ``--pid-file`` (None: runsc never wrote it, so it never
+    created the container: a bad bundle, a broken or fake runsc); ``log`` is what runsc
+    wrote to ``--log``, which a running command cannot reach (a host file outside every
+    mount). After the container was created, only runsc's own "running container:"
+    error with its exit status 128 is a failure of the sandbox: the command may exit 128
+    itself, and then runsc logs nothing.
+    """
+    if not (pid_file or "").strip():
+        return "not-started"
+    if returncode != RUNSC_FAILED:
+        return None
+    for line in log.replace("}{", "}\n{").splitlines():
+        if "running container: " not in line:
+            continue
+        if "creating container" in line or "starting container" in line:
+            return "not-started"
+        return "failed"
+    return None
 
 
 # --- the entry: a user and network namespace of stockade's own, then runsc -------------
