@@ -11,11 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from stockade._exceptions import SandboxError
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
 
@@ -32,6 +36,13 @@ class GvisorRun:
         self.bundle = self.base / "bundle"
         self.state = self.base / "state"
         self.container_id = f"stockade-{run_id}"
+        # runsc's own log and the container's pid: how a sandbox that never started is
+        # told from the command's own failure (gvisor.start_failure). Host files, in no
+        # mount of the sandbox.
+        self.log = self.base / "runsc.log"
+        self.pid_file = self.base / "runsc.pid"
+        #: the listening socket runsc hands a terminal bundle's pty to (open_console)
+        self.console: socket.socket | None = None
         for path in (self.base, self.bundle, self.bundle / "rootfs", self.state):
             path.mkdir(mode=0o700)
 
@@ -47,10 +58,11 @@ class GvisorRun:
     def write_bundle(
         self, plan: ContainerPlan, args: Sequence[str], env: Mapping[str, str]
     ) -> None:
-        """``config.json`` and the rootfs's merged-/usr symlinks."""
+        """``config.json`` and the rootfs's merged-/usr symlinks (a terminal bundle when
+        :meth:`open_console` was called first)."""
         for name, target in gvisor.rootfs_symlinks(plan.system_paths):
             (self.bundle / "rootfs" / name).symlink_to(target)
-        doc = gvisor.build_bundle(plan, args, env)
+        doc = gvisor.build_bundle(plan, args, env, terminal=self.console is not None)
         fd = os.open(
             self.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
         )
@@ -59,10 +71,89 @@ class GvisorRun:
 
     def argv(self, info_fd: int, block_fd: int) -> list[str]:
         """The outermost argv: the entry script, then ``runsc run``."""
-        runsc = gvisor.runsc_argv(self.runsc, str(self.state), str(self.bundle), self.container_id)
+        runsc = gvisor.runsc_argv(
+            self.runsc,
+            str(self.state),
+            str(self.bundle),
+            self.container_id,
+            log=str(self.log),
+            pid_file=str(self.pid_file),
+            console_socket=str(self.base / "console") if self.console is not None else None,
+        )
         return gvisor.entry_argv(
             sys.executable, os.getuid(), os.getgid(), os.getpid(), info_fd, block_fd, runsc
         )
+
+    # -- the terminal ------------------------------------------------------------------
+
+    def open_console(self) -> None:
+        """Listen for the pty of a terminal bundle.
+
+        With ``terminal: true`` and ``--console-socket`` runsc makes a pty, makes it the
+        sandbox's controlling terminal (so that a Ctrl-C typed into it is a SIGINT to the
+        command's foreground process group, which the Sentry forwards) and sends its
+        master here. A pty of stockade's own given as runsc's stdio would reach the
+        command as a plain host file: no job control, and TIOCSCTTY fails.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(self.base / "console"))
+            sock.listen(1)
+        except OSError:
+            sock.close()
+            raise
+        self.console = sock
+
+    def receive_console(self, alive: Callable[[], bool], timeout: float = 60.0) -> int:
+        """The pty master runsc sends (a descriptor of ours), or -1 when runsc ended, or
+        took ``timeout`` seconds, without sending one (its status then says why)."""
+        assert self.console is not None
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([self.console], [], [], 0.1)
+                if ready:
+                    conn, _ = self.console.accept()
+                    with conn:
+                        conn.settimeout(max(0.1, deadline - time.monotonic()))
+                        fds: list[int] = []
+                        with contextlib.suppress(OSError):
+                            _msg, fds, _flags, _addr = socket.recv_fds(conn, 1024, 4)
+                    for extra in fds[1:]:
+                        os.close(extra)
+                    return fds[0] if fds else -1
+                if not alive():
+                    return -1
+            return -1
+        finally:
+            self.console.close()
+
+    # -- the end -----------------------------------------------------------------------
+
+    def check_started(self, returncode: int) -> None:
+        """Raise :class:`SandboxError` when ``returncode`` is runsc's failure rather than
+        the command's (:func:`gvisor.start_failure`): a sandbox that never started is exit
+        125 with runsc's message above, as a bubblewrap that could not set up is; a
+        command that exits 1 is 1."""
+        try:
+            pid = self.pid_file.read_text()
+        except OSError:
+            pid = None
+        try:
+            log = self.log.read_text(errors="replace")
+        except OSError:
+            log = ""
+        why = gvisor.start_failure(returncode, pid, log)
+        if why == "not-started":
+            raise SandboxError(
+                f"gVisor's runsc could not start the sandbox (exit {returncode}; its message "
+                "is above); the command did not run. 'stockade doctor' checks this host"
+            )
+        if why == "failed":
+            raise SandboxError(
+                f"gVisor's runsc failed while the command ran (exit {returncode}; its "
+                "message is above); the command's own status is unknown"
+            )
 
     @staticmethod
     def env() -> dict[str, str]:
@@ -73,6 +164,8 @@ class GvisorRun:
         """``runsc delete --force`` when runsc left its container's state behind (it was
         killed): its sandbox and gofer processes go with it. Best effort: the
         parent-death signal already took them when ``runsc run`` died."""
+        if self.console is not None:
+            self.console.close()
         try:
             leftover = any(self.state.iterdir())
         except OSError:

@@ -493,8 +493,13 @@ def _execute(
                 from stockade.runtime._gvisor import GvisorRun
 
                 sandbox = GvisorRun(runsc, scratch.path, audit.run_id)
+                if use_pty:
+                    # runsc makes the pty and hands it over (GvisorRun.open_console).
+                    sandbox.open_console()
                 if use_launcher:
-                    binary, spec = _launcher_spec(policy, plan, scratch, use_pty, gvisor=True)
+                    # ctty off: with a terminal bundle the Sentry makes runsc's pty the
+                    # command's controlling terminal itself (TIOCSCTTY on it is ENOTTY).
+                    binary, spec = _launcher_spec(policy, plan, scratch, False, gvisor=True)
                     plan = replace(plan, files=(*plan.files, *sandbox.launcher_files(binary, spec)))
                     from stockade.enforce.gvisor import LAUNCHER_INSIDE, SPEC_INSIDE
 
@@ -566,7 +571,12 @@ def _execute(
                     tuple(fds),
                     start,
                     scratch.sweep_in_background,
+                    sandbox,
                 )
+                if sandbox is not None and not timed_out:
+                    # runsc's failure to start (or its own failure) is not the command's
+                    # status: exit 125 with runsc's message, as for bubblewrap below.
+                    sandbox.check_started(returncode)
                 if status_r >= 0:
                     os.close(status_w)
                     status_w = -1
@@ -779,17 +789,22 @@ def _spawn(
     pass_fds: tuple[int, ...],
     start: _Start | None,
     on_started: Callable[[], None],
+    sandbox: Any = None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr).
 
-    ``on_started`` is called once the command was let go (work to overlap with it).
+    ``on_started`` is called once the command was let go (work to overlap with it);
+    ``sandbox`` is the gVisor run, whose pty runsc makes (:class:`._gvisor.GvisorRun`).
     """
     timeout = _wall_timeout(request)
     if timeout is not None:
         request.timeout = timeout
     stdin = request.stdin
     if use_pty:
-        return _spawn_pty(argv, env, cwd, request, timeout, depth, pass_fds, start, on_started)
+        console = sandbox if sandbox is not None and sandbox.console is not None else None
+        return _spawn_pty(
+            argv, env, cwd, request, timeout, depth, pass_fds, start, on_started, console
+        )
     stdout = subprocess.PIPE if request.capture_output else request.stdout
     stderr = subprocess.PIPE if request.capture_output else request.stderr
     if request.input is not None:
@@ -922,50 +937,71 @@ def _spawn_pty(
     pass_fds: tuple[int, ...],
     start: _Start | None,
     on_started: Callable[[], None],
+    console: Any = None,
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Run with a pty of its own; relay between it and the caller's terminal.
 
     The sandbox never holds the caller's terminal, so TIOCSTI and friends can only
     reach its own pty. The caller's terminal is put in raw mode for the duration.
+
+    Under gVisor (``console``, a :class:`._gvisor.GvisorRun`) runsc makes the pty and
+    sends its master once the sandbox is created; the command's stdout and stderr both
+    go through it (one terminal, as ``docker run -t``), and runsc's own stdio is the
+    caller's stderr, where its errors belong.
     """
     import fcntl
     import pty
     import termios
     import tty
 
-    master, slave = pty.openpty()
     in_fd = sys.stdin.fileno()
     out_fd = sys.stdout.fileno()
-    try:
-        size = fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
-    except OSError:
-        pass
+
+    def copy_size(target: int) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(
+                target, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            )
+
     env = dict(env)
     env.setdefault("TERM", "xterm")
-    stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
-    stderr_target: int | IO[Any] = (
-        slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
-    )
-    try:
-        proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
-    except SandboxError:
-        os.close(master)
+    if console is not None:
+        err_fd = sys.stderr.fileno()
+        proc = _popen(argv, env, cwd, subprocess.DEVNULL, err_fd, err_fd, pass_fds)
+        if start is not None:
+            start.release(proc)
+        on_started()
+        master = console.receive_console(lambda: proc.poll() is None)
+        if master < 0:
+            # runsc ended (or hung) before it made the pty: its status and message say
+            # why, and the caller reports it as the sandbox's failure.
+            _kill_tree(proc)
+            code = proc.wait()
+            return (code if code >= 0 else 128 - code), False, None, None
+        copy_size(master)
+    else:
+        master, slave = pty.openpty()
+        copy_size(slave)
+        stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
+        stderr_target: int | IO[Any] = (
+            slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+        )
+        try:
+            proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
+        except SandboxError:
+            os.close(master)
+            os.close(slave)
+            raise
         os.close(slave)
-        raise
-    os.close(slave)
-    if start is not None:
-        start.release(proc)
-    on_started()
+        if start is not None:
+            start.release(proc)
+        on_started()
     saved = termios.tcgetattr(in_fd)
     deadline = time.monotonic() + timeout if timeout else None
     timed_out = False
 
     def resize(_signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.ioctl(
-                master, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
-            )
+        copy_size(master)
 
     old_winch = signal.signal(signal.SIGWINCH, resize)
     sel = selectors.DefaultSelector()
