@@ -80,6 +80,35 @@ def ok_server() -> Iterator[int]:
         server.server_close()
 
 
+#: The user's cache as it was when the tests were collected: a session fixture elsewhere
+#: points XDG_CACHE_HOME at a private cache for the run (tests/enforce/conftest.py).
+_CACHE_ENV = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME")}
+
+
+@pytest.fixture(scope="session")
+def runsc() -> str:
+    """The path of a usable runsc (gVisor), for the tests that run the gvisor backend.
+
+    Opt-in locally (a plain scripts/test downloads no runsc); CI sets STOCKADE_GVISOR=1,
+    and under STOCKADE_MUST_WORK=1 a run without it, or without a usable runsc, fails
+    rather than skips. Name it to stockade as STOCKADE_RUNSC: a test world's HOME is fake.
+    """
+    require(
+        os.environ.get("STOCKADE_GVISOR") == "1",
+        "gVisor end-to-end tests are opt-in: set STOCKADE_GVISOR=1 (docs/gvisor.md)",
+    )
+    from stockade import Unavailable
+    from stockade.enforce import gvisor
+
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+        found = gvisor.require_runsc({**env, **_CACHE_ENV})
+    except Unavailable as exc:
+        require(False, f"runsc: {exc}")
+        raise
+    return str(found.path)
+
+
 @pytest.fixture(scope="session")
 def kernel() -> None:
     """Require bubblewrap with user namespaces."""

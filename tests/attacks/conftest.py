@@ -259,10 +259,20 @@ def connect(family, addr, send=b"PROBE", timeout=3):
 """
 
 
+#: The container backends every case runs under (``arena``'s parameter): bubblewrap, and
+#: gVisor's runsc when STOCKADE_GVISOR=1 (``runsc`` in tests/conftest.py).
+BACKENDS = ("bubblewrap", "gvisor")
+
+
 class Arena:
     """The A.0 fixture world for one module, and the way to run probes in it."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "bubblewrap", runsc: str | None = None) -> None:
+        #: the backend every ``stockade run`` of this arena uses (--backend)
+        self.backend = backend
+        self.backend_flags: tuple[str, ...] = (
+            ("--backend", backend) if backend != "bubblewrap" else ()
+        )
         self.root = Path(tempfile.mkdtemp(prefix="stockade-attacks-"))
         os.chmod(self.root, 0o755)
         self.canary = f"CANARY-{uuid.uuid4()}"
@@ -338,6 +348,13 @@ class Arena:
         )
         for name in SECRET_ENV:
             self.env[name] = self.canary
+        if runsc is not None:
+            # The arena's HOME is a fake one: name the runsc to use explicitly.
+            self.env["STOCKADE_RUNSC"] = runsc
+
+    @property
+    def gvisor(self) -> bool:
+        return self.backend == "gvisor"
 
     # -- fixtures ----------------------------------------------------------------------
 
@@ -405,6 +422,12 @@ tls = {{ upstream_ca = "{self.ca_path}" }}
     def world(self) -> World:
         return World(self.root, self.home, self.workspace, self.canary, self.env)
 
+    def argv(self, *args: str) -> list[str]:
+        """``python -m stockade ARGS``, with this arena's backend after ``run``."""
+        if args and args[0] == "run":
+            args = ("run", *self.backend_flags, *args[1:])
+        return [sys.executable, "-m", "stockade", *args]
+
     def stockade(
         self,
         *args: str,
@@ -413,7 +436,7 @@ tls = {{ upstream_ca = "{self.ca_path}" }}
         cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "stockade", *args],
+            self.argv(*args),
             cwd=cwd or self.workspace,
             env=env or self.env,
             capture_output=True,
@@ -501,10 +524,18 @@ tls = {{ upstream_ca = "{self.ca_path}" }}
             rec.take()
 
 
-@pytest.fixture(scope="module")
-def arena() -> Iterator[Arena]:
-    require(bwrap_works(), "bubblewrap with unprivileged user namespaces is not available")
-    a = Arena()
+@pytest.fixture(scope="module", params=BACKENDS)
+def arena(request: pytest.FixtureRequest) -> Iterator[Arena]:
+    """The module's arena, once per backend: every case must be refused under gVisor as
+    under bubblewrap (the gVisor arena needs STOCKADE_GVISOR=1, else it skips, or fails
+    under STOCKADE_MUST_WORK=1)."""
+    backend: str = request.param
+    runsc = None
+    if backend == "gvisor":
+        runsc = request.getfixturevalue("runsc")
+    else:
+        require(bwrap_works(), "bubblewrap with unprivileged user namespaces is not available")
+    a = Arena(backend, runsc)
     try:
         yield a
     finally:
@@ -672,6 +703,7 @@ def run_isolated(
         "-m",
         "stockade",
         "run",
+        *arena.backend_flags,
         "--policy",
         str(policy),
         "--audit",

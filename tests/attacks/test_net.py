@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -721,18 +720,7 @@ def test_net_26a_policy_edit_mid_session_fails_closed(arena: Arena) -> None:
         f"curl -s -m5 -o /dev/null -w '%{{http_code}}' http://allowed.test:{arena.allowed.http_port}/mid-twin"
     )
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            "--policy",
-            str(policy),
-            "--",
-            "sh",
-            "-c",
-            script,
-        ],
+        arena.argv("run", "--policy", str(policy), "--", "sh", "-c", script),
         cwd=arena.workspace,
         env=arena.env,
         stdout=subprocess.PIPE,

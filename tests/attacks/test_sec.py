@@ -328,6 +328,4 @@ def test_sec_13_proxy_identity_is_per_sandbox(arena: Arena) -> None:
 
 
 def arena_cmd(arena: Arena) -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "stockade", "run", "--policy", str(arena.policy), "--"]
+    return arena.argv("run", "--policy", str(arena.policy), "--")

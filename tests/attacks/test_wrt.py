@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.attacks.conftest import MARKED_HOME_FILES, Arena, Result
+from tests.attacks.conftest import MARKED_HOME_FILES, PRELUDE, Arena, Result
 
 # ---------------------------------------------------------------------------------------
 # WRT-01: every shell startup file (and the other F-MARK home files).
@@ -354,6 +354,8 @@ def test_wrt_07_10_12_twins(arena: Arena, escapes: Result) -> None:
 
 SUID_PROBE = r"""
 emit("suid", **sh("cp /bin/sh ./suid-sh && chmod u+s ./suid-sh; stat -c %A ./suid-sh; ./suid-sh -c 'id -u; id -ru; grep NoNewPrivs /proc/self/status'"))
+import ctypes
+emit("nnp", r=ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))  # PR_GET_NO_NEW_PRIVS
 emit("py-suid", **sh("cp $(command -v python3) ./suid-py; chmod u+s ./suid-py; ./suid-py -c 'import os; print(os.geteuid() == os.getuid())'"))
 for name, spec in (("mem", "c 1 1"), ("kmsg", "c 1 11"), ("sda", "b 8 0"), ("null", "c 1 3")):
     emit("mknod:" + name, **sh(f"mknod ./{name} {spec}"))
@@ -372,7 +374,12 @@ def test_wrt_13_setuid_and_device_nodes(arena: Arena) -> None:
         assert "s" not in out[0], res["suid"]
         assert "Operation not permitted" in res["suid"]["err"], res["suid"]
         assert out[1] == out[2], res["suid"]
-        assert out[-1] == "1", res["suid"]
+        if arena.gvisor:
+            # The Sentry's /proc/self/status has no NoNewPrivs line; prctl says it.
+            assert len(out) == 3, res["suid"]
+        else:
+            assert out[-1] == "1", res["suid"]
+        assert res["nnp"]["r"] == 1
         assert res["py-suid"]["out"].strip() == "True"
         assert not (arena.workspace / "suid-sh").stat().st_mode & 0o6000
         for name in ("mem", "kmsg", "sda", "null"):
@@ -389,3 +396,62 @@ def test_wrt_13_setuid_and_device_nodes(arena: Arena) -> None:
             cwd=arena.workspace,
             check=False,
         )
+
+
+# ---------------------------------------------------------------------------------------
+# WRT-02/05: open(O_TRUNC) on every protected file. A refusal must come before the
+# truncation: runsc 20240729 with directfs emptied .git/worktrees/*/commondir (a
+# read-only bind inside the read-write workspace) and only then answered EROFS, which
+# broke host-side git in that worktree (enforce/gvisor.py runs it with --directfs=false).
+
+TRUNC_PROBE = r"""
+for rel in json.loads(sys.argv[1]):
+    try:
+        os.close(os.open(rel, os.O_WRONLY | os.O_TRUNC))
+        emit("trunc:" + rel, ok=True)
+    except OSError as e:
+        emit("trunc:" + rel, ok=False, errno=errno.errorcode.get(e.errno, e.errno))
+emit("twin", **sh("echo kept > trunc-twin && python3 -c \"import os; os.close(os.open('trunc-twin', os.O_WRONLY | os.O_TRUNC))\" && wc -c < trunc-twin"))
+"""
+
+TRUNCATED = (
+    ".git/config",
+    ".git/hooks/pre-commit",
+    ".git/worktrees/trunc-wt/commondir",
+    ".git/worktrees/trunc-wt/gitdir",
+    ".git/worktrees/trunc-wt/HEAD",
+)
+
+
+def test_wrt_02_05_truncating_protected_files_changes_nothing(arena: Arena) -> None:
+    repo = arena.root / "trunc-repo"
+    repo.mkdir()
+    git = ("git", "-c", "user.email=h@h.test", "-c", "user.name=h")
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=repo, check=True)
+    subprocess.run(
+        [*git, "worktree", "add", "-q", str(arena.root / "trunc-wt")], cwd=repo, check=True
+    )
+    (repo / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    before = {rel: (repo / rel).read_bytes() for rel in TRUNCATED}
+    proc = arena.stockade(
+        "run",
+        "--policy",
+        str(arena.policy),
+        "--",
+        "python3",
+        "-c",
+        PRELUDE + TRUNC_PROBE,
+        json.dumps(TRUNCATED),
+        cwd=repo,
+    )
+    lines = {
+        json.loads(x)["id"]: json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")
+    }
+    for rel in TRUNCATED:
+        assert lines[f"trunc:{rel}"]["ok"] is False, (rel, proc.stderr)
+        assert (repo / rel).read_bytes() == before[rel], rel
+    status = subprocess.run([*git, "status", "--short"], cwd=arena.root / "trunc-wt", check=False)
+    assert status.returncode == 0
+    # The twin: a workspace file of the same run is truncated as asked.
+    assert lines["twin"]["out"].strip() == "0", lines["twin"]

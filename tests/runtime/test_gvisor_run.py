@@ -7,39 +7,15 @@ failure under ``STOCKADE_MUST_WORK=1``, as every kernel test's); ``scripts/setup
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SECRET_ENV, SECRET_FILES, World, require
+from tests.conftest import SECRET_ENV, SECRET_FILES, World
 
 GVISOR = ("--backend", "gvisor")
-#: The user's cache as it was when the tests were collected: a session fixture elsewhere
-#: points XDG_CACHE_HOME at a private cache for the run (tests/enforce/conftest.py).
-CACHE_ENV = {k: v for k, v in os.environ.items() if k in ("HOME", "XDG_CACHE_HOME")}
-
-
-@pytest.fixture(scope="module")
-def runsc() -> str:
-    # Opt-in locally (a plain scripts/test downloads no runsc); CI sets STOCKADE_GVISOR=1,
-    # and under STOCKADE_MUST_WORK=1 a run without it fails rather than skips.
-    require(
-        os.environ.get("STOCKADE_GVISOR") == "1",
-        "gVisor end-to-end tests are opt-in: set STOCKADE_GVISOR=1 (docs/gvisor.md)",
-    )
-    from stockade import Unavailable
-    from stockade.enforce import gvisor
-
-    try:
-        env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
-        found = gvisor.require_runsc({**env, **CACHE_ENV})
-    except Unavailable as exc:
-        require(False, f"runsc: {exc}")
-        raise
-    return str(found.path)
 
 
 @pytest.fixture
