@@ -212,20 +212,25 @@ def rootfs_symlinks(system_paths: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _host_endpoint(path: Path) -> bool:
-    """Whether ``path`` is a unix socket or a FIFO on the host.
+def _maskable(path: Path) -> bool:
+    """Whether a file to hide can be a ``/dev/null`` bind under runsc, whose gofer opens
+    every mount point as the caller (the sandbox never starts when one fails). Two kinds
+    cannot, and need no mask:
 
-    Such a file cannot be a mount point under runsc: its gofer opens every mount point
-    and gets ENXIO, and the sandbox never starts (a dev server's socket in the workspace
-    would stop every run). Nor need it be masked: runsc ``--host-uds=none`` and
-    ``--host-fifo=none`` (:func:`runsc_argv`) refuse to connect to or open any host
-    socket or FIFO from inside.
+    * a unix socket or a FIFO (ENXIO; a dev server's socket in the workspace would stop
+      every run): runsc ``--host-uds=none`` and ``--host-fifo=none`` (:func:`runsc_argv`)
+      refuse to connect to or open any host socket or FIFO from inside;
+    * a file the caller cannot read (``/etc/shadow`` for anyone but root: EACCES): with
+      ``--directfs=false`` every host file is opened by the gofer, as the caller, so it
+      cannot be read inside either (the command's uid 0 in the Sentry has no capability).
     """
     try:
         mode = path.lstat().st_mode
     except OSError:
+        return True  # not there: the bind is made as for any other mask
+    if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
         return False
-    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
+    return not stat.S_ISREG(mode) or os.access(path, os.R_OK)
 
 
 def _bind(source: str, destination: str, *, ro: bool) -> dict[str, Any]:
@@ -262,9 +267,10 @@ def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
         if os.path.exists(path):
             mounts.append(_bind(path, path, ro=True))
     for kind, secret in _secret_masks():
-        mounts.append(
-            _tmpfs(secret, ro=True) if kind == "t" else _bind("/dev/null", secret, ro=True)
-        )
+        if kind == "t":
+            mounts.append(_tmpfs(secret, ro=True))
+        elif _maskable(Path(secret)):
+            mounts.append(_bind("/dev/null", secret, ro=True))
     mounts += [_tmpfs("/tmp"), _tmpfs("/var/tmp"), _tmpfs("/run"), _tmpfs(str(plan.home))]
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.toolchains]
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.read if p.exists()]
@@ -274,9 +280,7 @@ def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
     # EBUSY in the Sentry as on the host, and every protected path is a mount below.
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.protected]
     mounts += [_tmpfs(str(p), ro=True) for p in plan.masked_dirs]
-    mounts += [
-        _bind("/dev/null", str(p), ro=True) for p in plan.masked_files if not _host_endpoint(p)
-    ]
+    mounts += [_bind("/dev/null", str(p), ro=True) for p in plan.masked_files if _maskable(p)]
     mounts += [_bind(str(host), inside, ro=True) for host, inside in plan.files]
     return mounts
 
@@ -353,7 +357,7 @@ def runsc_argv(
         f"--platform={platform or runsc.platform}",
         # Pinned, not left to the defaults: no host unix socket and no host FIFO is
         # reachable from inside, whatever the mounts show (the workspace's sockets are
-        # left unmasked under gVisor, see _host_endpoint).
+        # left unmasked under gVisor, see _maskable).
         "--host-uds=none",
         "--host-fifo=none",
         # Pinned: the default changed in 2023 (root:self), and the workspace must never
