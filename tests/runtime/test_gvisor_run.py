@@ -7,13 +7,24 @@ failure under ``STOCKADE_MUST_WORK=1``, as every kernel test's); ``scripts/setup
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SECRET_ENV, SECRET_FILES, World
+from tests.conftest import (
+    NOBODY,
+    SECRET_ENV,
+    SECRET_FILES,
+    World,
+    _nobody_python,
+    as_nobody,
+    require,
+)
 
 GVISOR = ("--backend", "gvisor")
 
@@ -172,3 +183,233 @@ def test_an_old_runsc_is_refused_with_exit_125(world: World) -> None:
     )
     assert proc.returncode == 125
     assert "release-20230227.0" in proc.stderr
+
+
+# --- a sandbox that never started vs the command's own failure ---------------------------
+
+
+def _wrapper(world: World, runsc: str, body: str) -> str:
+    """A runsc that runs the real one after ``body`` (sh, "$@" is runsc's argv): a real
+    executable that breaks the bundle or the start, never a mock of the sandbox."""
+    path = world.root / "runsc-wrapper"
+    path.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *--version*) exec {runsc} "$@";; esac\n'
+        f"{body}\n"
+        f'exec {runsc} "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_runsc_that_exits_1_before_starting_is_125_not_1(gworld: World, runsc: str) -> None:
+    marker = gworld.workspace / "ran"
+    fake = _wrapper(gworld, runsc, 'echo "runsc: cannot create sandbox: no" >&2; exit 1')
+    proc = gworld.stockade(
+        "run", *GVISOR, "--", "touch", str(marker), env=dict(gworld.env, STOCKADE_RUNSC=fake)
+    )
+    assert proc.returncode == 125, proc.stderr
+    assert "runsc: cannot create sandbox: no" in proc.stderr  # runsc's own message
+    assert "runsc could not start the sandbox (exit 1" in proc.stderr
+    assert not marker.exists()
+    # The twin: a command of the real runsc that exits 1 is 1, and 128 (runsc's own
+    # failure status) is the command's 128 when runsc started it.
+    for code in (1, 128):
+        own = gworld.stockade("run", *GVISOR, "--", "sh", "-c", f"exit {code}")
+        assert own.returncode == code, own.stderr
+        assert "could not start" not in own.stderr
+
+
+def test_a_bundle_runsc_rejects_is_125_with_its_message(gworld: World, runsc: str) -> None:
+    # The real runsc, given a bundle without its rootfs: it fails creating the container.
+    fake = _wrapper(
+        gworld,
+        runsc,
+        'for a; do case "$a" in --bundle=*) rm -rf "${a#--bundle=}/rootfs";; esac; done',
+    )
+    audit = gworld.root / "audit.jsonl"
+    proc = gworld.stockade(
+        "run",
+        *GVISOR,
+        "--audit",
+        str(audit),
+        "--",
+        "true",
+        env=dict(gworld.env, STOCKADE_RUNSC=fake),
+    )
+    assert proc.returncode == 125, proc.stderr
+    assert "running container: creating container" in proc.stderr
+    assert "the command did not run" in proc.stderr
+    # The log ends as a bubblewrap that could not set up ends it: no run_end.
+    events = [e.split('"event":"')[1].split('"')[0] for e in audit.read_text().splitlines()]
+    assert events[0] == "run_start"
+    assert events[-1] == "log_end"
+    assert "run_end" not in events
+
+
+def test_a_command_runsc_cannot_load_is_125(gworld: World, runsc: str) -> None:
+    # Created, then refused at start: the container's first program does not exist.
+    fake = _wrapper(
+        gworld,
+        runsc,
+        'for a; do case "$a" in --bundle=*) sed -i \'s#"args": \\["[^"]*"#"args": ["/nonexistent"#\' '
+        '"${a#--bundle=}/config.json";; esac; done',
+    )
+    proc = gworld.stockade("run", *GVISOR, "--", "true", env=dict(gworld.env, STOCKADE_RUNSC=fake))
+    assert proc.returncode == 125, proc.stderr
+    assert "starting container" in proc.stderr
+    assert "failed to load /nonexistent" in proc.stderr
+
+
+# --- the terminal --------------------------------------------------------------------------
+
+
+def _on_a_pty(
+    world: World, *args: str, resize_to: tuple[int, int] | None = None, interrupt: bool = False
+) -> tuple[int, bytes]:
+    """Run ``stockade run ARGS`` with a pty (24x80 at first) as its terminal. Once the
+    command prints READY: resize the terminal (the caller's SIGWINCH, as a terminal
+    emulator's) and/or type Ctrl-C. Returns (exit status, screen)."""
+    import fcntl
+    import pty
+    import select
+    import signal
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        os.chdir(world.workspace)
+        os.execve(world.command[0], [*world.command, "run", *args], world.env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    out = b""
+    acted = False
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                chunk = b""
+            out += chunk
+            if not chunk:
+                break
+        if b"READY" in out and not acted:
+            acted = True
+            time.sleep(0.3)
+            if resize_to is not None:
+                rows, cols = resize_to
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+                os.kill(pid, signal.SIGWINCH)
+            if interrupt:
+                os.write(fd, b"\x03")
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = os.waitstatus_to_exitcode(st)
+            with contextlib.suppress(OSError):
+                while select.select([fd], [], [], 0.2)[0] and (chunk := os.read(fd, 4096)):
+                    out += chunk
+            break
+    if status is None:
+        os.kill(pid, 9)
+        _, st = os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(st)
+    os.close(fd)
+    return status, out
+
+
+def test_pty_exit_code_output_and_window_size(gworld: World) -> None:
+    status, screen = _on_a_pty(
+        gworld,
+        *GVISOR,
+        "--",
+        "sh",
+        "-c",
+        "test -t 0 && test -t 1 && echo tty-ok; stty size; exit 5",
+    )
+    assert status == 5, screen
+    assert b"tty-ok" in screen
+    assert b"24 80" in screen
+
+
+def test_pty_resize_reaches_the_command(gworld: World) -> None:
+    script = "trap 'stty size; exit 0' WINCH; echo READY; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; exit 9"
+    status, screen = _on_a_pty(gworld, *GVISOR, "--", "sh", "-c", script, resize_to=(40, 120))
+    assert b"40 120" in screen, screen
+    assert status == 0, screen
+
+
+def test_pty_ctrl_c_interrupts_the_command(gworld: World) -> None:
+    status, screen = _on_a_pty(
+        gworld,
+        *GVISOR,
+        "--",
+        "sh",
+        "-c",
+        "echo READY; sleep 20; echo not-interrupted",
+        interrupt=True,
+    )
+    assert status == 130, screen  # SIGINT, 128 + 2
+    assert b"not-interrupted" not in screen
+
+
+def test_pty_twin_without_ctrl_c_runs_to_the_end(gworld: World) -> None:
+    status, screen = _on_a_pty(
+        gworld, *GVISOR, "--", "sh", "-c", "echo READY; sleep 1; echo finished"
+    )
+    assert status == 0, screen
+    assert b"finished" in screen
+
+
+def test_pty_tiocsti_cannot_reach_the_callers_terminal(gworld: World) -> None:
+    script = (
+        "import fcntl, termios\n"
+        "for fd in (0, 1, 2):\n"
+        "    try:\n"
+        "        for ch in b'touch INJECTED\\n':\n"
+        "            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))\n"
+        "        print('pushed', fd)\n"
+        "    except OSError as e:\n"
+        "        print('refused', fd, e.errno)\n"
+    )
+    _status, screen = _on_a_pty(gworld, *GVISOR, "--", "python3", "-c", script)
+    assert b"refused 0" in screen or b"pushed 0" in screen, screen
+    time.sleep(0.5)
+    assert not (gworld.workspace / "INJECTED").exists()
+
+
+# --- as an unprivileged user ---------------------------------------------------------------
+
+
+def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
+    # What a user without root does: a runsc of their own (here a copy in the world,
+    # which as_nobody hands to uid 65534), named by STOCKADE_RUNSC.
+    import shutil
+
+    own = world.root / "bin" / "runsc"
+    own.parent.mkdir()
+    shutil.copy(runsc, own)
+    world.env["STOCKADE_RUNSC"] = str(own)
+    # A Python that uid 65534 can run itself: the gVisor entry is this interpreter.
+    python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
+    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
+    assert python is not None
+    proc = as_nobody(
+        world,
+        "run",
+        *GVISOR,
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/version; echo w > out.txt; cat ~/.ssh/id_ed25519; cat /etc/shadow; exit 3",
+        command=[python, "-m", "stockade"],
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("Linux version 4.4.0"), proc.stdout  # the Sentry's
+    assert world.canary not in proc.stdout + proc.stderr
+    out = world.workspace / "out.txt"
+    assert out.read_text() == "w\n"
+    if os.getuid() == 0:
+        assert out.stat().st_uid == NOBODY  # written as that user on the host
