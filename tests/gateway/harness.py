@@ -39,14 +39,19 @@ def pod(
     phase: str = "Running",
     uid: str | None = None,
     claim: str | None = None,
+    warm_pool: str | None = None,
     host_ip: str = "127.0.4.1",
     service_account: str = "sandbox",
 ) -> dict[str, Any]:
     annotations = {}
+    labels = {}
     if policy is not None:
         annotations["stockade.dev/policy"] = policy
     if claim is not None:
-        annotations["agents.x-k8s.io/claim-uid"] = claim
+        # agent-sandbox writes the claim as a label at adoption (research §1.3)
+        labels["agents.x-k8s.io/claim-uid"] = claim
+    if warm_pool is not None:
+        labels["agents.x-k8s.io/warm-pool-sandbox"] = warm_pool
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -55,6 +60,7 @@ def pod(
             "namespace": namespace,
             "uid": uid or f"uid-{name}",
             "annotations": annotations,
+            "labels": labels,
         },
         "spec": {"serviceAccountName": service_account},
         "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": host_ip},
@@ -288,6 +294,7 @@ class Harness:
         *,
         tokens: bool = False,
         default_policy: str | None = None,
+        unclaimed: str = "refuse",
         cluster: tuple[str, ...] = (),
     ) -> None:
         import ipaddress
@@ -313,6 +320,7 @@ class Harness:
         config = GatewayConfig(
             policies=self.policies,
             default_policy=default_policy,
+            unclaimed=unclaimed,
             tokens=tokens,
             audience="stockade-gateway",
             cluster=ClusterRanges(networks, frozenset({ipaddress.ip_address(API_HOST)})),

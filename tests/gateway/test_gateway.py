@@ -27,12 +27,13 @@ from stockade.gateway._server import Identity
 from stockade.policy import Decision
 from tests.gateway.harness import Harness, Origin, pod
 
-A_IP, B_IP, PENDING_IP, NARROW_IP, OTHER_IP, UNKNOWN_IP = (
+A_IP, B_IP, PENDING_IP, NARROW_IP, OTHER_IP, WARM_IP, UNKNOWN_IP = (
     "127.0.0.2",
     "127.0.0.3",
     "127.0.0.4",
     "127.0.0.5",
     "127.0.0.6",
+    "127.0.0.7",
     "127.0.0.9",
 )
 
@@ -65,6 +66,11 @@ POLICIES = {
 }
 
 
+#: a pod of agent-sandbox's warm pool, its template's policy annotation already on it,
+#: that no claim has adopted yet
+WARM = pod("pod-warm", WARM_IP, policy="a", warm_pool="agent-pool")
+
+
 def url(host: str, path: str = "/") -> str:
     return f"http://{host}:{ORIGIN.port}{path}"
 
@@ -77,6 +83,7 @@ def make(tmp_path: Path, tokens: bool = False) -> Harness:
         pod("pod-pending", PENDING_IP, policy="a", phase="Pending"),
         pod("pod-narrow", NARROW_IP, policy="narrow"),
         pod("pod-other", OTHER_IP, policy="narrow", namespace="other"),
+        WARM,
     ):
         h.api.put(obj)
     h.start()
@@ -211,6 +218,56 @@ def test_pod_deleted_mid_tunnel_closes_it(gw: Harness) -> None:
     assert gw.get(A_IP, url("a.test"))[0] == 403
 
 
+def test_unclaimed_warm_pool_pod_is_refused_until_a_claim_adopts_it(gw: Harness) -> None:
+    status, _, headers = gw.get(WARM_IP, url("a.test"))
+    assert status == 403
+    assert headers["x-stockade-reason"] == "pod-unclaimed"
+    gw.wait(lambda: bool(gw.events_of(pod="pod-warm", reason="pod-unclaimed")), "the event")
+    assert gw.events_of(pod="pod-warm", reason="pod-unclaimed")[0]["verdict"] == "deny"
+    # Twin: a plain pod (no warm pool label) without any claim is served by its policy.
+    assert gw.get(B_IP, url("b.test"))[0] == 200
+    # Adoption writes the claim label on the live pod: its next connection is served.
+    claimed = pod("pod-warm", WARM_IP, policy="a", warm_pool="agent-pool", claim="claim-9")
+    gw.soon(lambda: gw.api.put(claimed))
+    gw.wait(lambda: gw.gateway.pods.pods["uid-pod-warm"].claim == "claim-9", "the claim")
+    assert gw.get(WARM_IP, url("a.test"))[0] == 200
+    gw.wait(lambda: bool(gw.events_of(pod="pod-warm", verdict="allow")), "the allow event")
+    assert gw.events_of(pod="pod-warm", verdict="allow")[0]["claim"] == "claim-9"
+
+
+def test_unclaimed_serve_serves_warm_pool_pods(tmp_path: Path) -> None:
+    h = Harness(tmp_path, POLICIES, unclaimed="serve")
+    h.api.put(WARM)
+    h.start()
+    try:
+        assert h.get(WARM_IP, url("a.test"))[0] == 200
+        assert h.get(WARM_IP, url("b.test"))[0] == 403  # still its policy's decision
+    finally:
+        h.close()
+
+
+def test_another_claim_closes_the_previous_claims_tunnels(gw: Harness) -> None:
+    status, sock = gw.tunnel(A_IP, f"a.test:{ORIGIN.port}")
+    assert status == 200
+    sock.sendall(b"one\n")
+    assert sock.recv(100) == b"echo:one\n"
+    # Twin: pod B's tunnel stays open.
+    status_b, sock_b = gw.tunnel(B_IP, f"b.test:{ORIGIN.port}")
+    assert status_b == 200
+    reclaimed = pod("pod-a", A_IP, policy="a", claim="claim-2")
+    gw.soon(lambda: gw.api.put(reclaimed))
+    sock.settimeout(3.0)
+    assert sock.recv(100) == b""
+    sock_b.sendall(b"two\n")
+    assert sock_b.recv(100) == b"echo:two\n"
+    sock.close()
+    sock_b.close()
+    gw.wait(lambda: bool(gw.events_of(pod="pod-a", reason="pod-gone")), "the pod-gone event")
+    assert "changed claim" in gw.events_of(pod="pod-a", reason="pod-gone")[0]["detail"]
+    # The new claim's own connections pass.
+    assert gw.get(A_IP, url("a.test"))[0] == 200
+
+
 def test_cluster_ranges_and_link_local_refused_even_when_pinned(gw: Harness) -> None:
     for host in ("inside.test", "meta.test", "node.test"):
         status, _, headers = gw.get(A_IP, f"http://{host}:{INSIDE.port}/")
@@ -325,7 +382,7 @@ def test_health_ready_and_metrics(gw: Harness) -> None:
     assert 'verdict="deny",reason="host-not-allowed"' in text
     assert 'stockade_gateway_bytes_total{policy="a",direction="down"}' in text
     assert "stockade_gateway_decision_seconds_bucket" in text
-    assert "stockade_gateway_pods 5" in text
+    assert "stockade_gateway_pods 6" in text
 
 
 # -- the token identity ------------------------------------------------------------------

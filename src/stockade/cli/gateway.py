@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies", type=Path, required=True, metavar="DIR", help="NAME.toml per policy"
     )
     serve.add_argument("--default-policy", metavar="NAME", help="for pods without the annotation")
+    serve.add_argument(
+        "--unclaimed",
+        choices=("refuse", "serve"),
+        default="refuse",
+        help="agent-sandbox warm-pool pods no claim has adopted yet: refuse every connection "
+        "(default), or serve them by their policy like any pod",
+    )
     serve.add_argument("--ca", type=Path, metavar="DIR", help="interception CA (a Secret)")
     serve.add_argument("--secrets", type=Path, metavar="DIR", help="bound credentials (a Secret)")
     serve.add_argument(
@@ -126,6 +133,7 @@ def execute(args: argparse.Namespace) -> int:
     config = GatewayConfig(
         policies=args.policies,
         default_policy=args.default_policy,
+        unclaimed=args.unclaimed,
         tokens=args.identity.endswith("tokenreview"),
         audience=args.audience,
         cluster=ClusterRanges(tuple(networks), frozenset(refused)),

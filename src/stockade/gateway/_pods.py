@@ -23,7 +23,7 @@ from typing import Any
 from stockade.gateway._kube import KubeClient, KubeError
 from stockade.policy._decision import Reason
 
-__all__ = ["CLAIM_ANNOTATION", "POLICY_ANNOTATION", "Pod", "PodCache"]
+__all__ = ["CLAIM_ANNOTATION", "POLICY_ANNOTATION", "WARM_POOL_LABEL", "Pod", "PodCache"]
 
 logger = logging.getLogger("stockade.gateway")
 
@@ -31,6 +31,9 @@ logger = logging.getLogger("stockade.gateway")
 POLICY_ANNOTATION = "stockade.dev/policy"
 #: agent-sandbox's claim of a pod (on the audit events when present)
 CLAIM_ANNOTATION = "agents.x-k8s.io/claim-uid"
+#: the label agent-sandbox puts on the pods of a warm pool (research §1.3): such a pod
+#: waits for a claim, and runs nobody's task until one adopts it
+WARM_POOL_LABEL = "agents.x-k8s.io/warm-pool-sandbox"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class Pod:
     def claim(self) -> str:
         """The agent-sandbox claim UID, or ""."""
         return self.annotations.get(CLAIM_ANNOTATION, "") or self.labels.get(CLAIM_ANNOTATION, "")
+
+    @property
+    def unclaimed(self) -> bool:
+        """A warm-pool pod that no claim has adopted yet (plain pods never are)."""
+        return WARM_POOL_LABEL in self.labels and not self.claim
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Pod | None:

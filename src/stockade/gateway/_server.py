@@ -97,6 +97,9 @@ class GatewayConfig:
 
     policies: Path
     default_policy: str | None = None
+    #: agent-sandbox warm-pool pods not yet claimed: "refuse" them (no task runs there
+    #: yet, so nothing needed is lost) or "serve" them by their policy like any pod
+    unclaimed: str = "refuse"
     tokens: bool = False
     audience: str = "stockade-gateway"
     cluster: ClusterRanges = field(default_factory=ClusterRanges)
@@ -491,6 +494,7 @@ class Gateway:
             and after.ips == before.ips
             and after.annotations.get(POLICY_ANNOTATION)
             == before.annotations.get(POLICY_ANNOTATION)
+            and after.claim == before.claim
         ):
             return
         if after is None:
@@ -499,6 +503,9 @@ class Gateway:
             detail = f"{before.namespace}/{before.name} is no longer running"
         elif after.ips != before.ips:
             detail = f"{before.namespace}/{before.name} changed address"
+        elif after.claim != before.claim:
+            # Its connections were made for another claim (or for none): another task's.
+            detail = f"{before.namespace}/{before.name} changed claim"
         else:
             detail = f"{before.namespace}/{before.name} was given another policy"
         decision = Decision.deny(LAYER, Reason.POD_GONE, detail=detail)
@@ -607,6 +614,12 @@ class Gateway:
         """The policy that serves ``pod`` now: its annotation (or the default), which
         must exist in the current generation and admit the pod's namespace and service
         account; else why not."""
+        if pod.unclaimed and self.config.unclaimed == "refuse":
+            return _Refused(
+                Reason.POD_UNCLAIMED,
+                f"{pod.namespace}/{pod.name} is a warm-pool pod no claim has adopted yet "
+                "(gateway --unclaimed refuse)",
+            )
         generation = self.store.current
         name = pod.annotations.get(POLICY_ANNOTATION) or self.config.default_policy
         if not name:

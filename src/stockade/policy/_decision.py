@@ -57,6 +57,8 @@ class Reason(enum.StrEnum):
     UNKNOWN_PEER = "unknown-peer"
     POD_NOT_RUNNING = "pod-not-running"
     POD_GONE = "pod-gone"
+    #: an agent-sandbox warm-pool pod not yet claimed (``--unclaimed refuse``)
+    POD_UNCLAIMED = "pod-unclaimed"
     IDENTITY_STALE = "identity-stale"
     CREDENTIAL_MISSING = "credential-missing"
     CREDENTIAL_INVALID = "credential-invalid"
