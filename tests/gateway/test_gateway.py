@@ -18,8 +18,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,15 +200,16 @@ def test_annotation_update_switches_policy(gw: Harness) -> None:
     assert gw.get(A_IP, url("a.test"))[0] == 403
 
 
-def test_pod_deleted_mid_tunnel_closes_it(gw: Harness) -> None:
+def _change_closes_a_tunnel_only(gw: Harness, change: Callable[[], None]) -> dict[str, Any]:
+    """Open a tunnel for pod A and one for pod B, ``change`` pod A: A's closes and B's
+    (the twin) still carries bytes. The pod-gone event of A's is returned."""
     status, sock = gw.tunnel(A_IP, f"a.test:{ORIGIN.port}")
     assert status == 200
     sock.sendall(b"one\n")
     assert sock.recv(100) == b"echo:one\n"
-    # Twin: pod B's tunnel stays open through A's deletion.
     status_b, sock_b = gw.tunnel(B_IP, f"b.test:{ORIGIN.port}")
     assert status_b == 200
-    gw.soon(lambda: gw.api.delete("uid-pod-a"))
+    gw.soon(change)
     sock.settimeout(3.0)
     assert sock.recv(100) == b""
     sock_b.sendall(b"two\n")
@@ -215,6 +217,11 @@ def test_pod_deleted_mid_tunnel_closes_it(gw: Harness) -> None:
     sock.close()
     sock_b.close()
     gw.wait(lambda: bool(gw.events_of(pod="pod-a", reason="pod-gone")), "the pod-gone event")
+    return gw.events_of(pod="pod-a", reason="pod-gone")[0]
+
+
+def test_pod_deleted_mid_tunnel_closes_it(gw: Harness) -> None:
+    _change_closes_a_tunnel_only(gw, lambda: gw.api.delete("uid-pod-a"))
     assert gw.get(A_IP, url("a.test"))[0] == 403
 
 
@@ -247,23 +254,9 @@ def test_unclaimed_serve_serves_warm_pool_pods(tmp_path: Path) -> None:
 
 
 def test_another_claim_closes_the_previous_claims_tunnels(gw: Harness) -> None:
-    status, sock = gw.tunnel(A_IP, f"a.test:{ORIGIN.port}")
-    assert status == 200
-    sock.sendall(b"one\n")
-    assert sock.recv(100) == b"echo:one\n"
-    # Twin: pod B's tunnel stays open.
-    status_b, sock_b = gw.tunnel(B_IP, f"b.test:{ORIGIN.port}")
-    assert status_b == 200
     reclaimed = pod("pod-a", A_IP, policy="a", claim="claim-2")
-    gw.soon(lambda: gw.api.put(reclaimed))
-    sock.settimeout(3.0)
-    assert sock.recv(100) == b""
-    sock_b.sendall(b"two\n")
-    assert sock_b.recv(100) == b"echo:two\n"
-    sock.close()
-    sock_b.close()
-    gw.wait(lambda: bool(gw.events_of(pod="pod-a", reason="pod-gone")), "the pod-gone event")
-    assert "changed claim" in gw.events_of(pod="pod-a", reason="pod-gone")[0]["detail"]
+    event = _change_closes_a_tunnel_only(gw, lambda: gw.api.put(reclaimed))
+    assert "changed claim" in event["detail"]
     # The new claim's own connections pass.
     assert gw.get(A_IP, url("a.test"))[0] == 200
 
