@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -413,3 +414,56 @@ def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
     assert out.read_text() == "w\n"
     if os.getuid() == 0:
         assert out.stat().st_uid == NOBODY  # written as that user on the host
+
+
+# ---------------------------------------------------------------------------------------
+# The egress layer off: the host's network, as under bubblewrap (--share-net). The gVisor
+# entry then makes only the user namespace, and runsc --network=host is the caller's
+# network; with egress on, the same direct connection meets an empty namespace.
+
+_DIRECT = 'curl -sS -m 5 -o /dev/null -w "%{http_code}\\n" http://127.0.0.1:{port}/ || true'
+
+
+def _direct_pair(run: Any, port: int) -> tuple[subprocess.CompletedProcess[str], ...]:
+    script = _DIRECT.replace("{port}", str(port))
+    off = run("run", *GVISOR, "--disable", "egress", "--", "sh", "-c", script)
+    on = run("run", *GVISOR, "--", "sh", "-c", script)
+    return off, on
+
+
+def test_egress_off_is_the_hosts_network(gworld: World, ok_server: int) -> None:
+    off, on = _direct_pair(gworld.stockade, ok_server)
+    assert (off.returncode, off.stdout) == (0, "200\n"), off.stderr
+    # The twin: with the egress layer on, nothing is reached directly.
+    assert (on.returncode, on.stdout) == (0, "000\n"), on.stderr
+
+
+def test_egress_off_is_the_hosts_network_as_an_unprivileged_user(
+    world: World, runsc: str, ok_server: int
+) -> None:
+    import shutil
+
+    own = world.root / "bin" / "runsc"
+    own.parent.mkdir()
+    shutil.copy(runsc, own)
+    world.env["STOCKADE_RUNSC"] = str(own)
+    python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
+    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
+    assert python is not None
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return as_nobody(world, *args, command=[python, "-m", "stockade"])
+
+    off, on = _direct_pair(run, ok_server)
+    assert (off.returncode, off.stdout) == (0, "200\n"), off.stderr
+    assert (on.returncode, on.stdout) == (0, "000\n"), on.stderr
+
+
+def test_a_sentry_panic_is_the_sandboxs_failure_not_the_commands_status() -> None:
+    from stockade.enforce import gvisor
+
+    panic = "panic: unable to activate mm: createSysmsgThread: failed to get clone\n"
+    # Go exits 2 on a panic; a command may exit 2 itself, and then there is no panic.
+    assert gvisor.start_failure(2, "123", "", panic) == "failed"
+    assert gvisor.start_failure(2, "123", "", "") is None
+    assert gvisor.start_failure(0, "123", "", "fatal error: out of memory\n") == "failed"

@@ -27,7 +27,13 @@ action stops only the offending thread) and the rlimits.
 Networking: runsc runs with ``--network=host`` inside a user and network namespace that
 stockade makes itself (:data:`ENTRY_SCRIPT`), so the egress proxy's listener, the
 resolver and the transparent capture are put there by the same helper as for
-bubblewrap, and the egress layer applies unchanged.
+bubblewrap, and the egress layer applies unchanged. With the egress layer off the entry
+makes the user namespace alone, and ``--network=host`` is the caller's network, as
+bubblewrap's ``--share-net`` is.
+
+Limits: the inner launcher's rlimits are the Sentry's (RLIMIT_NPROC, FSIZE, CPU and AS
+are enforced there; RLIMIT_DATA is not, on mmap); the run's cgroup holds the runsc tree,
+whose ``pids.max`` is :func:`host_pids` (host tasks are not the command's tasks).
 
 Everything but :func:`find_runsc` / :func:`runsc_version` is pure, so the bundle can be
 tested without running anything.
@@ -57,6 +63,7 @@ __all__ = [
     "cache_dir",
     "entry_argv",
     "find_runsc",
+    "host_pids",
     "inside_gvisor",
     "parse_version",
     "platform_for",
@@ -115,6 +122,34 @@ def platform_for(release: tuple[int, int]) -> str:
     """systrap where the release has it, else ptrace. KVM is never chosen: it needs
     /dev/kvm (it hangs under nested virtualisation) and gVisor advises systrap in VMs."""
     return "systrap" if release >= _SYSTRAP_SINCE else "ptrace"
+
+
+#: Host tasks of the runsc tree itself, whatever the command does: runsc run (5
+#: threads), the gofer (about 36) and the Sentry (about 81) on this 2-core machine,
+#: measured as 127 in the run's cgroup with one process in the sandbox; with room for the
+#: Go runtimes to start threads for blocked host calls.
+RUNSC_HOST_TASKS = 256
+#: Host tasks per task in the sandbox, at most: under systrap every address space (each
+#: process) has a stub process and stub threads on the host; measured 219 at 64
+#: processes and 482 at 200 (fork bombs held at the Sentry's RLIMIT_NPROC), about 1.8
+#: each; threads of one process cost none (199 threads: 139).
+HOST_TASKS_PER_TASK = 4
+
+
+def host_pids(pids: int) -> int:
+    """The host cgroup's ``pids.max`` for a gVisor sandbox whose command may have
+    ``pids`` tasks.
+
+    Inside, the bound is the Sentry's own: the launcher's ``RLIMIT_NPROC`` (= ``pids``),
+    which the Sentry enforces on every clone (fork and thread alike: EAGAIN), for uid 0
+    as well (it holds no CAP_SYS_RESOURCE). The host cgroup counts something else, the
+    runsc tree's host tasks, and must never be what stops a fork first: the Sentry
+    cannot start a stub for a new address space then and panics ("unable to activate
+    mm: createSysmsgThread: failed to get clone"), taking the whole sandbox down; with
+    ``pids = 64`` as is, the sandbox could not even start. It stays a bound, a generous
+    one, on what the runsc tree can take from the host.
+    """
+    return RUNSC_HOST_TASKS + HOST_TASKS_PER_TASK * pids
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -339,18 +374,22 @@ def runsc_argv(
     log: str | None = None,
     pid_file: str | None = None,
     console_socket: str | None = None,
+    panic_log: str | None = None,
 ) -> list[str]:
     """``runsc ... run`` for a bundle; ``platform`` overrides :func:`platform_for` (the
     user asked for one, e.g. kvm).
 
     ``log`` and ``pid_file`` are how a sandbox that never started is told from a command
-    that failed (:func:`start_failure`); ``console_socket`` receives the pty runsc makes
-    for a ``terminal`` bundle.
+    that failed (:func:`start_failure`); ``panic_log`` receives the Sentry's Go panic (it
+    goes nowhere otherwise), how a sandbox that died under the command is told from the
+    command's own status; ``console_socket`` receives the pty runsc makes for a
+    ``terminal`` bundle.
     """
     return [
         str(runsc.path),
         f"--root={state}",
         *([f"--log={log}"] if log else []),
+        *([f"--panic-log={panic_log}"] if panic_log else []),
         # rootless: the runsc tree lives in stockade's cgroup, which the runtime made.
         "--ignore-cgroups",
         "--network=host",
@@ -382,7 +421,7 @@ def runsc_argv(
 RUNSC_FAILED = 128
 
 
-def start_failure(returncode: int, pid_file: str | None, log: str) -> str | None:
+def start_failure(returncode: int, pid_file: str | None, log: str, panic: str = "") -> str | None:
     """Why a ``runsc run`` that exited with ``returncode`` is the sandbox's failure, not
     the command's; None when the status is the command's own.
 
@@ -391,10 +430,14 @@ def start_failure(returncode: int, pid_file: str | None, log: str) -> str | None
     wrote to ``--log``, which a running command cannot reach (a host file outside every
     mount). After the container was created, only runsc's own "running container:"
     error with its exit status 128 is a failure of the sandbox: the command may exit 128
-    itself, and then runsc logs nothing.
+    itself, and then runsc logs nothing. ``panic`` is what the Sentry wrote to
+    ``--panic-log``: a Go panic there ended the whole sandbox, whatever the status (Go
+    exits 2 on one, which a command can exit with too).
     """
     if not (pid_file or "").strip():
         return "not-started"
+    if "panic:" in panic or "fatal error:" in panic:
+        return "failed"
     if returncode != RUNSC_FAILED:
         return None
     for line in log.replace("}{", "}\n{").splitlines():
@@ -408,13 +451,15 @@ def start_failure(returncode: int, pid_file: str | None, log: str) -> str | None
 
 # --- the entry: a user and network namespace of stockade's own, then runsc -------------
 
-#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD -- RUNSC...``.
+#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD NET -- RUNSC...``.
 #: It speaks bubblewrap's ``--info-fd``/``--block-fd`` protocol, so the runtime's start
-#: handshake (cgroup, proxy listener, capture) is the same for both backends.
+#: handshake (cgroup, proxy listener, capture) is the same for both backends. ``NET`` 1
+#: makes the network namespace (the egress layer's); 0 keeps the caller's (egress off:
+#: runsc --network=host then is the host's network, as bubblewrap's --share-net is).
 ENTRY_SCRIPT = r"""
 import ctypes, fcntl, os, socket, struct, sys
-uid, gid, ppid, info, block = map(int, sys.argv[1:6])
-argv = sys.argv[7:]
+uid, gid, ppid, info, block, net = map(int, sys.argv[1:7])
+argv = sys.argv[8:]
 libc = ctypes.CDLL(None, use_errno=True)
 def die(what):
     e = ctypes.get_errno()
@@ -426,16 +471,17 @@ if libc.prctl(1, 9, 0, 0, 0) != 0:
     die("prctl(PR_SET_PDEATHSIG)")
 if os.getppid() != ppid:
     os._exit(125)
-if libc.unshare(0x10000000 | 0x40000000) != 0:
-    die("unshare(CLONE_NEWUSER|CLONE_NEWNET)")
+if libc.unshare(0x10000000 | (0x40000000 if net else 0)) != 0:
+    die("unshare(CLONE_NEWUSER|CLONE_NEWNET)" if net else "unshare(CLONE_NEWUSER)")
 for name, text in (("setgroups", "deny"), ("uid_map", "0 %d 1" % uid), ("gid_map", "0 %d 1" % gid)):
     with open("/proc/self/" + name, "w") as f:
         f.write(text)
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-req = struct.pack("16sH14x", b"lo", 0)
-flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
-fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
-s.close()
+if net:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    req = struct.pack("16sH14x", b"lo", 0)
+    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
+    s.close()
 os.write(info, b'{"child-pid": %d}' % os.getpid())
 os.close(info)
 if os.read(block, 1) != b"1":
@@ -446,9 +492,18 @@ os.execv(argv[0], argv)
 
 
 def entry_argv(
-    python: str, uid: int, gid: int, ppid: int, info_fd: int, block_fd: int, runsc: Sequence[str]
+    python: str,
+    uid: int,
+    gid: int,
+    ppid: int,
+    info_fd: int,
+    block_fd: int,
+    runsc: Sequence[str],
+    *,
+    share_net: bool = False,
 ) -> list[str]:
-    """The outermost argv of a gVisor run: :data:`ENTRY_SCRIPT`, then ``runsc``."""
+    """The outermost argv of a gVisor run: :data:`ENTRY_SCRIPT`, then ``runsc``;
+    ``share_net`` keeps the caller's network namespace (the egress layer is off)."""
     return [
         python,
         "-I",
@@ -460,6 +515,7 @@ def entry_argv(
         str(ppid),
         str(info_fd),
         str(block_fd),
+        "0" if share_net else "1",
         "--",
         *runsc,
     ]

@@ -41,6 +41,8 @@ class GvisorRun:
         # mount of the sandbox.
         self.log = self.base / "runsc.log"
         self.pid_file = self.base / "runsc.pid"
+        #: the Sentry's Go panic, if any: a sandbox that died under the command
+        self.panic_log = self.base / "runsc.panic"
         #: the listening socket runsc hands a terminal bundle's pty to (open_console)
         self.console: socket.socket | None = None
         for path in (self.base, self.bundle, self.bundle / "rootfs", self.state):
@@ -69,8 +71,10 @@ class GvisorRun:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f)
 
-    def argv(self, info_fd: int, block_fd: int) -> list[str]:
-        """The outermost argv: the entry script, then ``runsc run``."""
+    def argv(self, info_fd: int, block_fd: int, *, share_net: bool = False) -> list[str]:
+        """The outermost argv: the entry script, then ``runsc run``; ``share_net`` (the
+        egress layer is off) keeps the caller's network namespace, so that runsc
+        ``--network=host`` is the host's network, as bubblewrap's ``--share-net`` is."""
         runsc = gvisor.runsc_argv(
             self.runsc,
             str(self.state),
@@ -78,10 +82,18 @@ class GvisorRun:
             self.container_id,
             log=str(self.log),
             pid_file=str(self.pid_file),
+            panic_log=str(self.panic_log),
             console_socket=str(self.base / "console") if self.console is not None else None,
         )
         return gvisor.entry_argv(
-            sys.executable, os.getuid(), os.getgid(), os.getpid(), info_fd, block_fd, runsc
+            sys.executable,
+            os.getuid(),
+            os.getgid(),
+            os.getpid(),
+            info_fd,
+            block_fd,
+            runsc,
+            share_net=share_net,
         )
 
     # -- the terminal ------------------------------------------------------------------
@@ -143,11 +155,21 @@ class GvisorRun:
             log = self.log.read_text(errors="replace")
         except OSError:
             log = ""
-        why = gvisor.start_failure(returncode, pid, log)
+        try:
+            panic = self.panic_log.read_text(errors="replace")
+        except OSError:
+            panic = ""
+        why = gvisor.start_failure(returncode, pid, log, panic)
         if why == "not-started":
             raise SandboxError(
                 f"gVisor's runsc could not start the sandbox (exit {returncode}; its message "
                 "is above); the command did not run. 'stockade doctor' checks this host"
+            )
+        if why == "failed" and panic.strip():
+            first = panic.strip().splitlines()[0][:200]
+            raise SandboxError(
+                f"gVisor's Sentry stopped while the command ran ({first}; exit "
+                f"{returncode}); the command's own status is unknown"
             )
         if why == "failed":
             raise SandboxError(

@@ -499,7 +499,9 @@ def _execute(
                 if use_launcher:
                     # ctty off: with a terminal bundle the Sentry makes runsc's pty the
                     # command's controlling terminal itself (TIOCSCTTY on it is ENOTTY).
-                    binary, spec = _launcher_spec(policy, plan, scratch, False, gvisor=True)
+                    binary, spec = _launcher_spec(
+                        policy, plan, scratch, False, gvisor=True, cgroup=support is not None
+                    )
                     plan = replace(plan, files=(*plan.files, *sandbox.launcher_files(binary, spec)))
                     from stockade.enforce.gvisor import LAUNCHER_INSIDE, SPEC_INSIDE
 
@@ -539,7 +541,8 @@ def _execute(
             status_r = status_w = -1
             spawn_env = child_env
             if sandbox is not None and start is not None:
-                argv = sandbox.argv(start.info_w, start.block_r)
+                # Egress off: the host's network, as bubblewrap's --share-net gives.
+                argv = sandbox.argv(start.info_w, start.block_r, share_net=plan.share_net)
                 spawn_env = sandbox.env()
                 depth = 0  # runsc run forwards signals to the command itself
             elif bwrap is not None and (layers.container or layers.egress):
@@ -654,13 +657,20 @@ def _launcher(
 
 
 def _launcher_spec(
-    policy: Policy, plan: bubblewrap.ContainerPlan, scratch: _Scratch, ctty: bool, *, gvisor: bool
+    policy: Policy,
+    plan: bubblewrap.ContainerPlan,
+    scratch: _Scratch,
+    ctty: bool,
+    *,
+    gvisor: bool,
+    cgroup: bool = True,
 ) -> tuple[Path, bytes]:
     """The launcher binary and its serialised spec, for a sandbox that takes no fds
-    (gVisor): the spec is bound in as a file."""
+    (gVisor): the spec is bound in as a file. ``cgroup``: whether a cgroup can hold the
+    run's memory."""
     from stockade.enforce import launcher
 
-    spec = _launcher_plan(policy, plan, scratch, ctty, gvisor=gvisor)
+    spec = _launcher_plan(policy, plan, scratch, ctty, gvisor=gvisor, cgroup=cgroup)
     return launcher.build_launcher(), launcher.serialize(spec)
 
 
@@ -671,6 +681,7 @@ def _launcher_plan(
     ctty: bool,
     *,
     gvisor: bool = False,
+    cgroup: bool = True,
 ) -> Any:
     """The :class:`~stockade.enforce.launcher.LauncherSpec` for this run."""
     from stockade.enforce import launcher
@@ -696,6 +707,11 @@ def _launcher_plan(
             # namespace it caps this sandbox alone; without it, it would count every
             # process of the user on the host, so it is only set inside the container.
             rlimits.append(("nproc", limits.pids))
+        if gvisor and not cgroup:
+            # The Sentry does not apply RLIMIT_DATA to mmap (a 300 MiB mapping under a
+            # 200 MiB limit succeeds there); RLIMIT_AS it does. Without a cgroup holding
+            # the runsc tree's memory, it is the only memory bound under gVisor.
+            rlimits.append(("as", limits.memory))
         if limits.cpu_seconds:
             rlimits.append(("cpu", limits.cpu_seconds))
     # What is bound in to be read (the resolver's files, trust stores) is read by Landlock's
@@ -1118,10 +1134,17 @@ def _make_cgroup(policy: Policy, support: Any, audit: AuditLog) -> Any:
     from stockade.enforce import limits
 
     try:
+        pids = policy.limits.pids
+        if _gvisor(policy):
+            from stockade.enforce import gvisor
+
+            # The cgroup holds the runsc tree, whose host tasks are not the command's:
+            # inside, the Sentry enforces RLIMIT_NPROC = pids itself (gvisor.host_pids).
+            pids = gvisor.host_pids(pids)
         return limits.Cgroup.create(
             support,
             limits.cgroup_name(audit.run_id),
-            pids=policy.limits.pids,
+            pids=pids,
             memory=policy.limits.memory,
         )
     except OSError as exc:
