@@ -101,8 +101,12 @@ def test_a_user_namespace_is_the_sentrys_own_only_seccomp_refuses_it() -> None:
         assert boundary.stops("container", BPF) is None
 
 
-def test_the_gvisor_container_has_its_own_network_namespace_for_the_direct_route() -> None:
-    assert GVISOR.stops("container", EVIL, Route.DIRECT) == Reason.UNSUPPORTED_PROTOCOL
+def test_egress_not_the_gvisor_container_stops_the_direct_route() -> None:
+    # With egress off the gVisor entry makes no network namespace (runsc's host
+    # networking is the caller's, as bubblewrap's --share-net): the container alone
+    # lets a socket that ignores the proxy out, and egress's netns stops it.
+    assert GVISOR.stops("container", EVIL, Route.DIRECT) is None
+    assert GVISOR.stops("egress", EVIL, Route.DIRECT) == Reason.UNSUPPORTED_PROTOCOL
     assert GVISOR.stops("container", EVIL, Route.PROXY) is None
     # The proxy route stays egress's to judge: the allowed host is let on.
     assert GVISOR.stops("egress", REGISTRY, Route.PROXY) is None

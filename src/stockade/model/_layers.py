@@ -21,15 +21,16 @@ layer      ``bubblewrap`` (host kernel)        ``gvisor`` (runsc: the Sentry's k
 files      Landlock on the real files          nothing: no Landlock (ENOSYS); the launcher
                                                runs with it off and the mount plan (the
                                                container's) is the files policy
-container  namespaces, binds; userns refused   the same mount plan, in the Sentry; its own
-           (``--disable-userns``)              network namespace always (the direct route
-                                               of a network action), abstract sockets and
-                                               host kernel calls stay in the Sentry; a
-                                               user namespace and a mount in it are
-                                               allowed there (the Sentry's own)
+container  namespaces, binds; userns refused   the same mount plan, in the Sentry;
+           (``--disable-userns``)              abstract sockets and host kernel calls
+                                               stay in the Sentry; a user namespace and
+                                               a mount in it are allowed there (the
+                                               Sentry's own)
 syscalls   seccomp                             the same filter (a KILL stops one thread
                                                only; nothing judged here depends on it)
-egress     the netns and the proxy             the proxy; abstract sockets are not its
+egress     the netns and the proxy             the same (runsc's host networking inside
+                                               stockade's netns; with egress off, in the
+                                               caller's); abstract sockets are not its
                                                concern (the Sentry keeps them)
 =========  ==================================  ==========================================
 
@@ -46,7 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from stockade.model._actions import NETWORK_KINDS, Action, Credential, Kind, Route
+from stockade.model._actions import Action, Credential, Kind, Route
 from stockade.model._rules import RuleHost, Rules
 from stockade.policy import LAYERS, Policy, Reason
 from stockade.policy._credentials import looks_like_credential
@@ -325,11 +326,6 @@ class Boundary:
             # The call is parsed and answered by the Sentry; the host kernel sees only
             # the Sentry's own, filtered, system calls.
             return Reason.PROCESS_CONTAINED if self.own_kernel else None
-        if kind in NETWORK_KINDS and route is Route.DIRECT and self.own_kernel:
-            # The gVisor entry always makes a network namespace of its own (egress on or
-            # off) and runsc's host networking stays inside it: a socket that ignores
-            # the proxy finds nothing but loopback there.
-            return Reason.UNSUPPORTED_PROTOCOL
         if kind is Kind.SYSCALL and action.target in CONTAINER_SYSCALLS and not self.own_kernel:
             return Reason.SYSCALL_BLOCKED
         return None

@@ -8,12 +8,10 @@ layer without evidence is reported as not enforceable and left out of the subset
 assumed.
 
 The container's runtime is chosen per probe (``backend``): every run of the probe uses
-it, and the model judges with it. Under ``gvisor`` two layers are held on in every run
-(:data:`FIXED`): runsc cannot run without its container (the runtime refuses, rather than
-run on the host kernel), and its network namespace is made whether egress is on or not,
-so with egress off the sandbox would have no network at all, not the host's: a state
-where switching egress on opens the proxy route, which no monotone model describes. The
-subsets range over the other layers. When runsc is usable, the cost measurement times
+it, and the model judges with it. Under ``gvisor`` the container is held on in every run
+(:data:`FIXED`): runsc cannot run without it (the runtime refuses, rather than run on the
+host kernel). The subsets range over the other layers (egress off under gVisor is the
+caller's network, as under bubblewrap). When runsc is usable, the cost measurement times
 the start-up under both runtimes in the same probe, beside what only gVisor stops.
 """
 
@@ -65,9 +63,6 @@ FIXED: dict[str, dict[str, str]] = {
     "gvisor": {
         "container": "always on under gvisor: runsc is the container, and the runtime "
         "refuses gvisor without it rather than run on the host kernel",
-        "egress": "always on under gvisor: the gVisor entry makes its network namespace "
-        "whether egress is on or not, so egress off means no network at all (no proxy), "
-        "not the host's; switching egress on would open the proxy route",
     },
 }
 
@@ -134,7 +129,7 @@ class Report:
     all_on_ms: float = 0.0
     #: the container's runtime every run used (``bubblewrap`` or ``gvisor``)
     backend: str = "bubblewrap"
-    #: layers on in every run (under gvisor: container and egress, see :data:`FIXED`)
+    #: layers on in every run (under gvisor: the container, see :data:`FIXED`)
     fixed: tuple[str, ...] = ()
     #: ``runsc --version``'s first line and the platform, when runsc was found
     runsc: str = ""
