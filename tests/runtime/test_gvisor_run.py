@@ -26,6 +26,7 @@ from tests.conftest import (
     as_nobody,
     require,
 )
+from tests.runtime.test_layers import TIOCSTI_SCRIPT
 
 GVISOR = ("--backend", "gvisor")
 
@@ -365,17 +366,7 @@ def test_pty_twin_without_ctrl_c_runs_to_the_end(gworld: World) -> None:
 
 
 def test_pty_tiocsti_cannot_reach_the_callers_terminal(gworld: World) -> None:
-    script = (
-        "import fcntl, termios\n"
-        "for fd in (0, 1, 2):\n"
-        "    try:\n"
-        "        for ch in b'touch INJECTED\\n':\n"
-        "            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))\n"
-        "        print('pushed', fd)\n"
-        "    except OSError as e:\n"
-        "        print('refused', fd, e.errno)\n"
-    )
-    _status, screen = _on_a_pty(gworld, *GVISOR, "--", "python3", "-c", script)
+    _status, screen = _on_a_pty(gworld, *GVISOR, "--", "python3", "-c", TIOCSTI_SCRIPT)
     assert b"refused 0" in screen or b"pushed 0" in screen, screen
     time.sleep(0.5)
     assert not (gworld.workspace / "INJECTED").exists()

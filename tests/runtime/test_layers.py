@@ -149,20 +149,23 @@ def test_interactive_bash_under_a_pty(world: World) -> None:
     assert b"42-101" in screen
 
 
+#: pushes "touch INJECTED" into every terminal the sandbox holds, and says which refused
+TIOCSTI_SCRIPT = (
+    "import fcntl, termios\n"
+    "for fd in (0, 1, 2):\n"
+    "    try:\n"
+    "        for ch in b'touch INJECTED\\n':\n"
+    "            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))\n"
+    "        print('pushed', fd)\n"
+    "    except OSError as e:\n"
+    "        print('refused', fd, e.errno)\n"
+)
+
+
 def test_tiocsti_cannot_reach_the_callers_terminal(world: World) -> None:
     # The sandbox pushes "echo INJECTED" into every terminal it holds; the caller's
     # terminal (the pty this test owns) must never see it typed back as input.
-    script = (
-        "import fcntl, termios\n"
-        "for fd in (0, 1, 2):\n"
-        "    try:\n"
-        "        for ch in b'touch INJECTED\\n':\n"
-        "            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))\n"
-        "        print('pushed', fd)\n"
-        "    except OSError as e:\n"
-        "        print('refused', fd, e.errno)\n"
-    )
-    screen = _pty_run(world, b"", "--", "python3", "-c", script)
+    screen = _pty_run(world, b"", "--", "python3", "-c", TIOCSTI_SCRIPT)
     assert b"refused 0" in screen
     assert not (world.workspace / "INJECTED").exists()
 
