@@ -763,11 +763,21 @@ def run_jobs(
     env: dict[str, str] | None = None,
     trust: Path | None = None,
     after: str = "",
+    backend: str = "bubblewrap",
 ) -> Ran:
     """Run ``jobs`` in one ``stockade run`` under ``policy`` (then the shell commands
-    ``after``); results by job id."""
+    ``after``) on ``backend``; results by job id."""
     script, files = script_for(jobs, mode, label, go_client=go_client)
-    return run_script(world, script + after, policy, label=label, env=env, files=files, trust=trust)
+    return run_script(
+        world,
+        script + after,
+        policy,
+        label=label,
+        env=env,
+        files=files,
+        trust=trust,
+        backend=backend,
+    )
 
 
 def run_script(
@@ -781,12 +791,26 @@ def run_script(
     timeout: float = 120,
     prefix: Sequence[str] = (),
     trust: Path | None = None,
+    backend: str = "bubblewrap",
 ) -> Ran:
     """``sh -c script`` in one ``stockade run`` under ``policy`` (``files`` written to
-    the workspace first); the audit log and the RESULT and PROBE lines parsed.
-    ``prefix`` is a command that runs the stockade command (``unshare ...``)."""
+    the workspace first) on the container ``backend`` (gvisor: the world's environment
+    names the runsc, as STOCKADE_RUNSC); the audit log and the RESULT and PROBE lines
+    parsed. ``prefix`` is a command that runs the stockade command (``unshare ...``)."""
     policy_path, audit = write_run(world, label, policy, files or {})
-    args = ("run", "--policy", str(policy_path), "--audit", str(audit), "--", "sh", "-c", script)
+    args = (
+        "run",
+        # bubblewrap is the default: its runs keep the command line they always had
+        *(("--backend", backend) if backend != "bubblewrap" else ()),
+        "--policy",
+        str(policy_path),
+        "--audit",
+        str(audit),
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
     started = time.monotonic()
     proc = subprocess.run(
         [*prefix, *world.command, *args],
