@@ -1,6 +1,15 @@
 """The container layer on its own (files and syscalls off): real bubblewrap, real kernel.
 
 Each "blocked" test has its "allowed" twin right next to it.
+
+The tests of a mechanism that gVisor's backend implements its own way (signals and exit
+statuses through runsc, SIGTERM forwarding, a killed run's leftovers, the audit log's
+ends, the protected mounts and the working directory inside one, git on the gofer,
+placeholders shared by concurrent runs) run under ``--backend gvisor`` too, through the
+session ``runsc`` fixture (STOCKADE_GVISOR=1). What tests/attacks (every PROC, SEC, WRT,
+NET, HOST and RES case under both backends) and tests/runtime/test_gvisor_run.py already
+cover under gVisor (secrets in HOME and the environment, host pids and signals, writes
+outside, wall-time kill, the unprivileged user) is not repeated here.
 """
 
 from __future__ import annotations
@@ -19,10 +28,37 @@ from tests.conftest import SECRET_ENV, SECRET_FILES, World, as_nobody
 pytestmark = pytest.mark.usefixtures("kernel")
 ONLY_CONTAINER = ("--disable", "files", "--disable", "syscalls")
 
+#: the container backends of the tests parametrised over them
+BACKENDS = ("bubblewrap", "gvisor")
 
-def cli_run_argv(world: World, *cmd: str) -> list[str]:
+
+def backend_flags(request: pytest.FixtureRequest, world: World, backend: str) -> tuple[str, ...]:
+    """``stockade run``'s flags for ``backend``. gvisor goes through the session ``runsc``
+    fixture (opt-in with STOCKADE_GVISOR=1; under STOCKADE_MUST_WORK=1 a missing runsc
+    fails) and names that runsc to stockade, since the world's HOME is a fake one."""
+    if backend == "bubblewrap":
+        return ()
+    world.env["STOCKADE_RUNSC"] = str(request.getfixturevalue("runsc"))
+    return ("--backend", backend)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, world: World) -> tuple[str, ...]:
+    """The test once per container backend: the flags to put after ``run``."""
+    return backend_flags(request, world, request.param)
+
+
+def gvisor_flags(world: World, runsc: str) -> tuple[str, ...]:
+    """The flags of a gVisor twin. The tests that tests/cli/test_server.py collects again
+    (with a served world, and no ``backend`` fixture there) keep their bubblewrap form
+    and get a separate ``..._under_gvisor`` twin instead of the parametrised fixture."""
+    world.env["STOCKADE_RUNSC"] = runsc
+    return ("--backend", "gvisor")
+
+
+def cli_run_argv(world: World, *cmd: str, backend: tuple[str, ...] = ()) -> list[str]:
     """``stockade run`` with only the container layer, for ``cmd``, as ``world`` runs it."""
-    return [*world.command, "run", *ONLY_CONTAINER, "--", *cmd]
+    return [*world.command, "run", *backend, *ONLY_CONTAINER, "--", *cmd]
 
 
 def run(
@@ -158,34 +194,76 @@ def test_background_process_does_not_survive(world: World) -> None:
     assert _pids_with(marker) == []
 
 
-def kill_stockade_mid_run(world: World, marker: str) -> int:
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (children of every thread: runsc forks from any)."""
+    out = [pid]
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            out += _tree(int(child))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def kill_stockade_mid_run(world: World, marker: str, *, backend: tuple[str, ...] = ()) -> int:
     """Start a run holding two marked processes, SIGKILL the stockade process, and
-    check that the marked processes go too; return the killed process's pid."""
+    check that the marked processes go too; return the killed process's pid.
+
+    Under bubblewrap the marked processes are host processes, found by their command
+    line. Under gVisor they live in the Sentry (the host sees runsc's processes and the
+    systrap stubs): there the check is that every process of the run's tree, recorded
+    once the command said it had started both, is gone.
+    """
+    script = f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker} & echo started; wait"
     p = subprocess.Popen(
-        cli_run_argv(world, "sh", "-c", f"sh -c 'sleep 60' {marker} & sh -c 'sleep 61' {marker}"),
+        cli_run_argv(world, "sh", "-c", script, backend=backend),
         cwd=world.workspace,
         env=world.env,
+        stdout=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(_pids_with(marker)) < 2:
-        time.sleep(0.05)
-    assert len(_pids_with(marker)) >= 2, "the sandboxed processes never started"
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"started\n"
+    gvisor = "gvisor" in backend
+    if not gvisor:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(_pids_with(marker)) < 2:
+            time.sleep(0.05)
+        assert len(_pids_with(marker)) >= 2, "the sandboxed processes never started"
+    tree = [pid for pid in _tree(p.pid) if pid != p.pid]
+    if gvisor:
+        assert len(tree) >= 3, tree  # runsc run, the sandbox, the gofer (and the stubs)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _pids_with(marker):
+    p.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_pids_with(marker) or any(map(_alive, tree))):
         time.sleep(0.05)
     assert _pids_with(marker) == []
+    assert [pid for pid in tree if _alive(pid)] == []
     return p.pid
 
 
-def test_nothing_survives_sigkill_of_stockade(world: World) -> None:
-    pid = kill_stockade_mid_run(world, f"{world.canary}-kill")
+def test_nothing_survives_sigkill_of_stockade(world: World, backend: tuple[str, ...]) -> None:
+    pid = kill_stockade_mid_run(world, f"{world.canary}-kill", backend=backend)
     # What the killed run left (the placeholders of protected paths; a run with egress
-    # leaves a scratch directory too: tests/robustness/test_faults.py) goes with the
-    # next run.
+    # leaves a scratch directory too: tests/robustness/test_faults.py; under gVisor the
+    # scratch directory holds runsc's bundle, state and logs) goes with the next run.
     assert (world.workspace / ".vscode").is_dir()
-    assert run(world, "true").returncode == 0
+    assert run(world, "true", extra=(*backend, *ONLY_CONTAINER)).returncode == 0
     assert not list(Path(tempfile.gettempdir()).glob(f"stockade-{pid}-*"))
     assert sorted(os.listdir(world.workspace)) == ["README"]
 
@@ -195,23 +273,51 @@ def test_exit_codes_pass_through(world: World, code: int) -> None:
     assert run(world, "sh", "-c", f"exit {code}").returncode == code
 
 
+def _killed_by_signal(world: World, backend: tuple[str, ...]) -> None:
+    proc = run(world, "sh", "-c", "kill -TERM $$", extra=(*backend, *ONLY_CONTAINER))
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+
+
 def test_killed_by_signal_is_128_plus_n(world: World) -> None:
-    assert run(world, "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    _killed_by_signal(world, ())
 
 
-def test_command_not_found_is_127(world: World) -> None:
-    proc = run(world, "no-such-command-stockade")
-    assert proc.returncode == 127
+def test_killed_by_signal_is_128_plus_n_under_gvisor(world: World, runsc: str) -> None:
+    _killed_by_signal(world, gvisor_flags(world, runsc))
+
+
+def _command_not_found(world: World, backend: tuple[str, ...]) -> None:
+    proc = run(world, "no-such-command-stockade", extra=(*backend, *ONLY_CONTAINER))
+    assert proc.returncode == 127, proc.stderr
     assert "not found" in proc.stderr
 
 
+def test_command_not_found_is_127(world: World) -> None:
+    _command_not_found(world, ())
+
+
+def test_command_not_found_is_127_under_gvisor(world: World, runsc: str) -> None:
+    # The launcher's 127, not runsc's failure to start (125): test_gvisor_run.py's
+    # runsc-failure tests are the other side.
+    _command_not_found(world, gvisor_flags(world, runsc))
+
+
 def test_sigterm_reaches_the_command(world: World) -> None:
+    _sigterm_reaches_the_command(world, ())
+
+
+def test_sigterm_reaches_the_command_under_gvisor(world: World, runsc: str) -> None:
+    _sigterm_reaches_the_command(world, gvisor_flags(world, runsc))
+
+
+def _sigterm_reaches_the_command(world: World, backend: tuple[str, ...]) -> None:
     p = subprocess.Popen(
         cli_run_argv(
             world,
             "sh",
             "-c",
             "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+            backend=backend,
         ),
         cwd=world.workspace,
         env=world.env,
@@ -257,8 +363,16 @@ def test_malformed_policy_exits_125_naming_the_key(world: World) -> None:
 
 
 def test_audit_log_records_start_end_and_denials(world: World) -> None:
+    _audit_log_records_start_end_and_denials(world, ())
+
+
+def test_audit_log_records_start_end_and_denials_under_gvisor(world: World, runsc: str) -> None:
+    _audit_log_records_start_end_and_denials(world, gvisor_flags(world, runsc))
+
+
+def _audit_log_records_start_end_and_denials(world: World, backend: tuple[str, ...]) -> None:
     audit = world.root / "audit.jsonl"
-    proc = run(world, "true", extra=(*ONLY_CONTAINER, "--audit", str(audit)))
+    proc = run(world, "true", extra=(*backend, *ONLY_CONTAINER, "--audit", str(audit)))
     assert proc.returncode == 0
     import json
 
@@ -277,13 +391,13 @@ def test_audit_log_records_start_end_and_denials(world: World) -> None:
     assert all(world.canary not in json.dumps(e) for e in events)
 
 
-def test_unwritable_audit_log_refuses_to_run(world: World) -> None:
+def test_unwritable_audit_log_refuses_to_run(world: World, backend: tuple[str, ...]) -> None:
     marker = world.workspace / "ran"
     proc = run(
         world,
         "touch",
         str(marker),
-        extra=(*ONLY_CONTAINER, "--audit", "/proc/stockade/audit.jsonl"),
+        extra=(*backend, *ONLY_CONTAINER, "--audit", "/proc/stockade/audit.jsonl"),
     )
     assert proc.returncode == 125
     assert not marker.exists()
@@ -313,14 +427,26 @@ def test_protected_paths_are_read_only(world: World, extra: tuple[str, ...]) -> 
     assert "Read-only file system" in proc.stderr
 
 
-@pytest.mark.parametrize("extra", [ONLY_CONTAINER, ()], ids=["bubblewrap-binds", "launcher-binds"])
+#: who makes the protected binds: bubblewrap (Landlock off), the launcher in a mount
+#: namespace of its own (Landlock on), or runsc from the OCI bundle's mounts (gVisor,
+#: where Landlock does not exist and the launcher binds nothing)
+PROTECTED_BINDS = [
+    pytest.param("bubblewrap", ONLY_CONTAINER, id="bubblewrap-binds"),
+    pytest.param("bubblewrap", (), id="launcher-binds"),
+    pytest.param("gvisor", (), id="gvisor-mounts"),
+]
+
+
+@pytest.mark.parametrize(("runtime", "layers"), PROTECTED_BINDS)
 def test_protected_paths_stay_read_only_through_proc_1_root(
-    world: World, extra: tuple[str, ...]
+    request: pytest.FixtureRequest, world: World, runtime: str, layers: tuple[str, ...]
 ) -> None:
     """With every layer on, the launcher makes the protected binds in a mount namespace of
     its own, and bubblewrap's init (pid 1) keeps the one without them: its root must be out
     of reach (Landlock denies ptrace access to a process outside the domain). Without
-    Landlock, bubblewrap makes the binds, in the one namespace there is."""
+    Landlock, bubblewrap makes the binds, in the one namespace there is. Under gVisor,
+    pid 1 is the launcher in the Sentry's one mount namespace, which has the binds."""
+    extra = (*backend_flags(request, world, runtime), *layers)
     subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
     ws = world.workspace
     proc = run(
@@ -340,12 +466,14 @@ def test_protected_paths_stay_read_only_through_proc_1_root(
     assert (ws / "normal.txt").read_text() == "ok\n"
 
 
-@pytest.mark.parametrize("extra", [ONLY_CONTAINER, ()], ids=["bubblewrap-binds", "launcher-binds"])
+@pytest.mark.parametrize(("runtime", "layers"), PROTECTED_BINDS)
 def test_a_working_directory_inside_a_protected_one_is_protected_too(
-    world: World, extra: tuple[str, ...]
+    request: pytest.FixtureRequest, world: World, runtime: str, layers: tuple[str, ...]
 ) -> None:
     """Started from inside .vscode/, relative writes land on the read-only bind, not on the
-    directory below it (the launcher binds after bubblewrap chose the directory)."""
+    directory below it (the launcher binds after bubblewrap chose the directory; under
+    gVisor the bundle's ``cwd`` is resolved on its mounts)."""
+    extra = (*backend_flags(request, world, runtime), *layers)
     inside = world.workspace / ".vscode"
     inside.mkdir()
     proc = world.stockade(
@@ -366,13 +494,16 @@ def test_a_working_directory_inside_a_protected_one_is_protected_too(
     assert (world.workspace / "normal.txt").read_text() == "ok\n"
 
 
-def test_git_still_works_inside(world: World) -> None:
+def test_git_still_works_inside(world: World, backend: tuple[str, ...]) -> None:
+    # Under gVisor every file git touches goes through the gofer (--directfs=false),
+    # with .git/hooks and .git/config read-only binds inside the read-write .git.
     subprocess.run(["git", "init", "-q", str(world.workspace)], check=True)
     proc = run(
         world,
         "sh",
         "-c",
         "git -c user.email=a@b -c user.name=n add README && git -c user.email=a@b -c user.name=n commit -qm x && git log --oneline | wc -l",
+        extra=(*backend, *ONLY_CONTAINER),
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1"
@@ -442,13 +573,14 @@ def test_srt_settings_run_directly(world: World) -> None:
     assert "tlsTerminate" in bad.stderr
 
 
-def test_concurrent_runs_share_placeholders(world: World) -> None:
+def test_concurrent_runs_share_placeholders(world: World, backend: tuple[str, ...]) -> None:
     long = subprocess.Popen(
         cli_run_argv(
             world,
             "sh",
             "-c",
             "sleep 2; mkdir -p .vscode && echo x > .vscode/tasks.json; echo wrote=$?",
+            backend=backend,
         ),
         cwd=world.workspace,
         env=world.env,
@@ -459,7 +591,8 @@ def test_concurrent_runs_share_placeholders(world: World) -> None:
     time.sleep(0.5)
     # A second run starts and ends while the first still runs: it binds the first's
     # placeholders, and must not remove them on its way out.
-    assert run(world, "sh", "-c", "test -d .vscode && echo seen").stdout.strip() == "seen"
+    seen = run(world, "sh", "-c", "test -d .vscode && echo seen", extra=(*backend, *ONLY_CONTAINER))
+    assert seen.stdout.strip() == "seen", seen.stderr
     assert (world.workspace / ".vscode").is_dir()
     out, err = long.communicate(timeout=30)
     assert long.returncode == 0, err

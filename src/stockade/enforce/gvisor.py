@@ -451,22 +451,32 @@ def start_failure(returncode: int, pid_file: str | None, log: str, panic: str = 
 
 # --- the entry: a user and network namespace of stockade's own, then runsc -------------
 
-#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD NET -- RUNSC...``.
-#: It speaks bubblewrap's ``--info-fd``/``--block-fd`` protocol, so the runtime's start
-#: handshake (cgroup, proxy listener, capture) is the same for both backends. ``NET`` 1
-#: makes the network namespace (the egress layer's); 0 keeps the caller's (egress off:
-#: runsc --network=host then is the host's network, as bubblewrap's --share-net is).
+#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD NET ROOT ID --
+#: RUNSC...``. It speaks bubblewrap's ``--info-fd``/``--block-fd`` protocol, so the
+#: runtime's start handshake (cgroup, proxy listener, capture) is the same for both
+#: backends. ``NET`` 1 makes the network namespace (the egress layer's); 0 keeps the
+#: caller's (egress off: runsc --network=host then is the host's network, as bubblewrap's
+#: --share-net is).
+#:
+#: It stays as ``runsc run``'s parent rather than exec it: ``runsc run`` forwards no
+#: signal to the container (release 20240729; ``runsc do`` does), and a SIGTERM the runtime
+#: forwarded to it killed runsc, and the sandbox with it, before the command's handler
+#: ran (a ``trap ... TERM`` never ran; the run ended 143). The entry hands SIGINT, SIGTERM
+#: and SIGHUP to the container's init, the command, with ``runsc --root=ROOT kill ID SIG``
+#: (about 20 ms); when that fails (no container yet, or gone) it signals runsc itself, as
+#: before. Its exit status is runsc's, a death by a signal passed on as the same death.
 ENTRY_SCRIPT = r"""
-import ctypes, fcntl, os, socket, struct, sys
+import ctypes, fcntl, os, signal, socket, struct, sys
 uid, gid, ppid, info, block, net = map(int, sys.argv[1:7])
-argv = sys.argv[8:]
+root, cid = sys.argv[7:9]
+argv = sys.argv[10:]
 libc = ctypes.CDLL(None, use_errno=True)
 def die(what):
     e = ctypes.get_errno()
     os.write(2, ("stockade: gvisor entry: %s failed: %s\n" % (what, os.strerror(e) if e else "")).encode())
     os._exit(125)
-# Die with stockade (SIGKILL), and across the exec into runsc; runsc's own sandbox and
-# gofer die with it in turn. A parent already gone means nobody will release us.
+# Die with stockade (SIGKILL); runsc, forked below, dies with the entry in turn. A
+# parent already gone means nobody will release us.
 if libc.prctl(1, 9, 0, 0, 0) != 0:
     die("prctl(PR_SET_PDEATHSIG)")
 if os.getppid() != ppid:
@@ -487,7 +497,32 @@ os.close(info)
 if os.read(block, 1) != b"1":
     os._exit(125)
 os.close(block)
-os.execv(argv[0], argv)
+me = os.getpid()
+pid = os.fork()
+if pid == 0:
+    # runsc dies with the entry, as the entry dies with stockade (PDEATHSIG is not
+    # inherited across fork); its sandbox and gofer die with runsc in turn.
+    if libc.prctl(1, 9, 0, 0, 0) != 0 or os.getppid() != me:
+        os._exit(125)
+    os.execv(argv[0], argv)
+def forward(sig, frame):
+    try:
+        killer = os.posix_spawn(argv[0], [argv[0], root, "kill", cid, str(sig)], os.environ)
+        ok = os.waitstatus_to_exitcode(os.waitpid(killer, 0)[1]) == 0
+    except OSError:
+        ok = False
+    if not ok:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, forward)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(me, -code)
+os._exit(code)
 """
 
 
@@ -500,10 +535,14 @@ def entry_argv(
     block_fd: int,
     runsc: Sequence[str],
     *,
+    state: str,
+    container_id: str,
     share_net: bool = False,
 ) -> list[str]:
     """The outermost argv of a gVisor run: :data:`ENTRY_SCRIPT`, then ``runsc``;
-    ``share_net`` keeps the caller's network namespace (the egress layer is off)."""
+    ``state`` (runsc's ``--root``) and ``container_id`` are how the entry forwards a
+    signal (``runsc kill``); ``share_net`` keeps the caller's network namespace (the
+    egress layer is off)."""
     return [
         python,
         "-I",
@@ -516,6 +555,8 @@ def entry_argv(
         str(info_fd),
         str(block_fd),
         "0" if share_net else "1",
+        f"--root={state}",
+        container_id,
         "--",
         *runsc,
     ]

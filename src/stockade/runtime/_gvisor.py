@@ -93,6 +93,8 @@ class GvisorRun:
             info_fd,
             block_fd,
             runsc,
+            state=str(self.state),
+            container_id=self.container_id,
             share_net=share_net,
         )
 
