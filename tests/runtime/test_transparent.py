@@ -3,18 +3,26 @@
 Every probe runs with the proxy variables removed, as a client that ignores them would;
 each "blocked" result has its allowed twin in the same run, and the audit log is the
 proof of what stockade decided (and of what it never looked up).
+
+Each test runs under ``--backend gvisor`` too (the ``runsc`` fixture, STOCKADE_GVISOR=1):
+there the Sentry's own network calls (hostinet) meet the resolver and capture, and the
+resolver files are binds of the OCI bundle.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import World, as_nobody
+from tests.conftest import World, _nobody_python, as_nobody, require
+from tests.runtime.test_container import BACKENDS, backend_flags
 
 PROBE = r"""
 import json, os, socket, subprocess, sys, time, http.client
@@ -50,6 +58,7 @@ def curl(*args):
                           capture_output=True, text=True)
     return proc.stdout
 out["resolv"] = open("/etc/resolv.conf").read()
+out["kernel"] = os.uname().release
 attempt("allowed", lambda: resolve("web.test"))
 # IPv4 only, with AI_ADDRCONFIG: glibc skips the lookup when only loopback is IPv4.
 attempt("v4-addrconfig", lambda: sorted({i[4][0] for i in socket.getaddrinfo(
@@ -78,8 +87,19 @@ UNSET = (
 )
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, world: World) -> tuple[str, ...]:
+    """The test once per container backend: the flags to put after ``run``."""
+    return backend_flags(request, world, request.param)
+
+
 def run_probe(
-    world: World, port: int, transparent: bool, *, nobody: bool = False
+    world: World,
+    port: int,
+    transparent: bool,
+    *,
+    nobody: bool = False,
+    backend: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     label = secrets.token_hex(16)
     (world.workspace / "probe.py").write_text(PROBE)
@@ -93,12 +113,28 @@ def run_probe(
     audit = world.root / "audit.jsonl"
     audit.unlink(missing_ok=True)
     unset = [arg for name in UNSET for arg in ("-u", name)]
-    args = ["run", "--policy", str(policy), "--audit", str(audit), "--"]
+    args = ["run", *backend, "--policy", str(policy), "--audit", str(audit), "--"]
     args += ["env", *unset, "python3", "probe.py", str(port), label]
-    proc = as_nobody(world, *args) if nobody else world.stockade(*args)
+    command = None
+    if nobody and backend:
+        # uid 65534 needs a runsc of its own (the cache's is root's; as_nobody hands the
+        # world to it), and a Python it can run itself: the gVisor entry is this
+        # interpreter, started again by stockade.
+        own = world.root / "bin" / "runsc"
+        own.parent.mkdir(exist_ok=True)
+        shutil.copy(world.env["STOCKADE_RUNSC"], own)
+        world.env["STOCKADE_RUNSC"] = str(own)
+        python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
+        require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
+        assert python is not None
+        command = [python, "-m", "stockade"]
+    proc = as_nobody(world, *args, command=command) if nobody else world.stockade(*args)
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in audit.read_text().splitlines()]
-    return json.loads(proc.stdout), events, label
+    out = json.loads(proc.stdout)
+    # The run was on the backend asked for: the Sentry's kernel release, or the host's.
+    assert out["kernel"] == ("4.4.0" if backend else os.uname().release), out["kernel"]
+    return out, events, label
 
 
 def check_transparent(out: dict[str, Any], events: list[dict[str, Any]], label: str) -> None:
@@ -140,21 +176,25 @@ def check_transparent(out: dict[str, Any], events: list[dict[str, Any]], label: 
 
 @pytest.mark.usefixtures("kernel")
 def test_clients_without_proxy_variables_reach_only_allowed_names(
-    world: World, ok_server: int
+    world: World, ok_server: int, backend: tuple[str, ...]
 ) -> None:
-    out, events, label = run_probe(world, ok_server, transparent=True)
+    out, events, label = run_probe(world, ok_server, transparent=True, backend=backend)
     check_transparent(out, events, label)
 
 
 @pytest.mark.usefixtures("kernel")
-def test_an_unprivileged_user_gets_the_same(world: World, ok_server: int) -> None:
-    out, events, label = run_probe(world, ok_server, transparent=True, nobody=True)
+def test_an_unprivileged_user_gets_the_same(
+    world: World, ok_server: int, backend: tuple[str, ...]
+) -> None:
+    out, events, label = run_probe(world, ok_server, transparent=True, nobody=True, backend=backend)
     check_transparent(out, events, label)
 
 
 @pytest.mark.usefixtures("kernel")
-def test_transparent_off_leaves_only_the_proxy_variables(world: World, ok_server: int) -> None:
-    out, events, _ = run_probe(world, ok_server, transparent=False)
+def test_transparent_off_leaves_only_the_proxy_variables(
+    world: World, ok_server: int, backend: tuple[str, ...]
+) -> None:
+    out, events, _ = run_probe(world, ok_server, transparent=False, backend=backend)
     assert out["resolv"] == Path("/etc/resolv.conf").read_text(encoding="utf-8")
     assert out["allowed"]["ok"] is False
     assert out["get"]["ok"] is False
