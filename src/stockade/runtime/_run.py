@@ -826,11 +826,14 @@ def _spawn(
     if request.input is not None:
         stdin = subprocess.PIPE
     proc = _popen(argv, env, cwd, stdin, stdout, stderr, pass_fds)
-    if start is not None:
-        start.release(proc)
-    on_started()
     paused = start.paused if start is not None else None
+    # Forwarding is in place before the command is let go: a SIGTERM that arrives as soon
+    # as it runs must reach it, not kill stockade (the default action). One that arrives
+    # before goes to the sandbox's outermost process and ends it: the command never runs.
     with _forwarding(proc, request.forward_signals, depth):
+        if start is not None:
+            start.release(proc)
+        on_started()
         try:
             out, err = _communicate(proc, request.input, timeout, paused)
         except subprocess.TimeoutExpired:
@@ -979,59 +982,65 @@ def _spawn_pty(
                 target, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
             )
 
-    env = dict(env)
-    env.setdefault("TERM", "xterm")
-    if console is not None:
-        err_fd = sys.stderr.fileno()
-        proc = _popen(argv, env, cwd, subprocess.DEVNULL, err_fd, err_fd, pass_fds)
-        if start is not None:
-            start.release(proc)
-        on_started()
-        master = console.receive_console(lambda: proc.poll() is None)
-        if master < 0:
-            # runsc ended (or hung) before it made the pty: its status and message say
-            # why, and the caller reports it as the sandbox's failure.
-            _kill_tree(proc)
-            code = proc.wait()
-            return (code if code >= 0 else 128 - code), False, None, None
-        copy_size(master)
-    else:
-        master, slave = pty.openpty()
-        copy_size(slave)
-        stdout_target: int | IO[Any] = slave if sys.stdout.isatty() else (request.stdout or out_fd)
-        stderr_target: int | IO[Any] = (
-            slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
-        )
-        try:
-            proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
-        except SandboxError:
-            os.close(master)
+    # The signal forwarding is in place before the command is let go: a SIGTERM that
+    # arrives as soon as it runs must reach it, not kill stockade (default action).
+    with contextlib.ExitStack() as forwarding:
+        env = dict(env)
+        env.setdefault("TERM", "xterm")
+        if console is not None:
+            err_fd = sys.stderr.fileno()
+            proc = _popen(argv, env, cwd, subprocess.DEVNULL, err_fd, err_fd, pass_fds)
+            forwarding.enter_context(_forwarding(proc, request.forward_signals, depth))
+            if start is not None:
+                start.release(proc)
+            on_started()
+            master = console.receive_console(lambda: proc.poll() is None)
+            if master < 0:
+                # runsc ended (or hung) before it made the pty: its status and message say
+                # why, and the caller reports it as the sandbox's failure.
+                _kill_tree(proc)
+                code = proc.wait()
+                return (code if code >= 0 else 128 - code), False, None, None
+            copy_size(master)
+        else:
+            master, slave = pty.openpty()
+            copy_size(slave)
+            stdout_target: int | IO[Any] = (
+                slave if sys.stdout.isatty() else (request.stdout or out_fd)
+            )
+            stderr_target: int | IO[Any] = (
+                slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
+            )
+            try:
+                proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
+            except SandboxError:
+                os.close(master)
+                os.close(slave)
+                raise
             os.close(slave)
-            raise
-        os.close(slave)
-        if start is not None:
-            start.release(proc)
-        on_started()
-    saved = termios.tcgetattr(in_fd)
-    deadline = time.monotonic() + timeout if timeout else None
-    timed_out = False
+            forwarding.enter_context(_forwarding(proc, request.forward_signals, depth))
+            if start is not None:
+                start.release(proc)
+            on_started()
+        saved = termios.tcgetattr(in_fd)
+        deadline = time.monotonic() + timeout if timeout else None
+        timed_out = False
 
-    def resize(_signum: int, _frame: object) -> None:
-        copy_size(master)
+        def resize(_signum: int, _frame: object) -> None:
+            copy_size(master)
 
-    old_winch = signal.signal(signal.SIGWINCH, resize)
-    sel = selectors.DefaultSelector()
-    paused = start.paused if start is not None else (lambda: 0.0)
-    holder = _terminal.register()
-    relay = holder.__enter__()
-    try:
-        # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
-        tty.setraw(in_fd, termios.TCSANOW)
-        sel.register(master, selectors.EVENT_READ)
-        sel.register(in_fd, selectors.EVENT_READ)
-        sel.register(relay.wake_r, selectors.EVENT_READ)
-        held: list[int] = []
-        with _forwarding(proc, request.forward_signals, depth):
+        old_winch = signal.signal(signal.SIGWINCH, resize)
+        sel = selectors.DefaultSelector()
+        paused = start.paused if start is not None else (lambda: 0.0)
+        holder = _terminal.register()
+        relay = holder.__enter__()
+        try:
+            # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
+            tty.setraw(in_fd, termios.TCSANOW)
+            sel.register(master, selectors.EVENT_READ)
+            sel.register(in_fd, selectors.EVENT_READ)
+            sel.register(relay.wake_r, selectors.EVENT_READ)
+            held: list[int] = []
             while True:
                 end = None if deadline is None else deadline + paused()
                 wait = None if end is None else max(0.0, end - time.monotonic())
@@ -1082,16 +1091,16 @@ def _spawn_pty(
                                 break
                             os.write(out_fd, data)
                     break
-    finally:
-        holder.__exit__(None, None, None)
-        termios.tcsetattr(in_fd, termios.TCSAFLUSH, saved)
-        signal.signal(signal.SIGWINCH, old_winch)
-        sel.close()
-        os.close(master)
-    code = proc.wait()
-    if timed_out:
-        return EXIT_TIMEOUT, True, None, None
-    return (code if code >= 0 else 128 - code), False, None, None
+        finally:
+            holder.__exit__(None, None, None)
+            termios.tcsetattr(in_fd, termios.TCSAFLUSH, saved)
+            signal.signal(signal.SIGWINCH, old_winch)
+            sel.close()
+            os.close(master)
+        code = proc.wait()
+        if timed_out:
+            return EXIT_TIMEOUT, True, None, None
+        return (code if code >= 0 else 128 - code), False, None, None
 
 
 def _bwrap_started(status_r: int) -> bool:
