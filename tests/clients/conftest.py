@@ -667,6 +667,43 @@ class Ran:
 _RESULT = re.compile(r"^RESULT (\S+) (\S+) ?(.*)$")
 
 
+@dataclass
+class Matrix:
+    """One ``stockade run`` of every case of a matrix, in one mode."""
+
+    mode: str
+    ran: Ran
+    #: per client, its jobs on an allowed name and on a name not in the policy
+    allowed: dict[str, list[Job]]
+    denied: dict[str, list[Job]]
+    #: extra names the run looked up itself: (allowed, not in the policy)
+    names: tuple[str, str] = ("", "")
+
+    def check(self, client: str, servers: Servers) -> None:
+        """Every allowed job of ``client`` got its answer; every denied one its denial."""
+        require_client(client)
+        for job in self.allowed[client]:
+            check_allowed(self.ran, job, servers, self.mode)
+        for job in self.denied[client]:
+            check_denied(self.ran, job, servers, self.mode)
+
+
+def matrix_jobs(
+    cases: dict[str, tuple[str, ...]], servers: Servers, label: str = ""
+) -> tuple[dict[str, list[Job]], dict[str, list[Job]]]:
+    """Each client's jobs, one per scheme, on an allowed name and on a name not allowed."""
+    allowed: dict[str, list[Job]] = {}
+    denied: dict[str, list[Job]] = {}
+    ports = {"http": servers.http.port, "https": servers.https.port}
+    for client, schemes in cases.items():
+        for scheme in schemes:
+            for zone, jobs in (("ok", allowed), ("no", denied)):
+                jobs.setdefault(client, []).append(
+                    make_job(client, scheme, zone, ports[scheme], label=label)
+                )
+    return allowed, denied
+
+
 def parse_run(proc: subprocess.CompletedProcess[str], audit: Path, seconds: float = 0.0) -> Ran:
     """The audit log and the RESULT and PROBE lines of a finished run."""
     events = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []

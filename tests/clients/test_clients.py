@@ -10,19 +10,18 @@ denial when it looked the name up itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.clients.conftest import (
     MODES,
-    Job,
-    Ran,
+    Matrix,
     Servers,
     check_allowed,
     check_denied,
     make_job,
+    matrix_jobs,
     policy_text,
     require_client,
     run_jobs,
@@ -52,26 +51,12 @@ CASES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass
-class Matrix:
-    mode: str
-    ran: Ran
-    allowed: dict[str, list[Job]]
-    denied: dict[str, list[Job]]
-
-
 @pytest.fixture(scope="module", params=MODES)
 def matrix(
     request: pytest.FixtureRequest, cworld: World, servers: Servers, go_client: Path | None
 ) -> Matrix:
     mode: str = request.param
-    allowed: dict[str, list[Job]] = {}
-    denied: dict[str, list[Job]] = {}
-    ports = {"http": servers.http.port, "https": servers.https.port}
-    for client, schemes in CASES.items():
-        for scheme in schemes:
-            allowed.setdefault(client, []).append(make_job(client, scheme, "ok", ports[scheme]))
-            denied.setdefault(client, []).append(make_job(client, scheme, "no", ports[scheme]))
+    allowed, denied = matrix_jobs(CASES, servers)
     ok = [job for jobs in allowed.values() for job in jobs]
     no = [job for jobs in denied.values() for job in jobs]
     policy = policy_text(

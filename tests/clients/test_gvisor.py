@@ -28,21 +28,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.clients.conftest import (
     MODES,
-    Job,
-    Ran,
+    Matrix,
     Servers,
-    check_allowed,
-    check_denied,
-    make_job,
+    matrix_jobs,
     policy_text,
-    require_client,
     run_jobs,
 )
 from tests.conftest import World
@@ -59,16 +54,6 @@ CASES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass
-class Matrix:
-    mode: str
-    ran: Ran
-    allowed: dict[str, list[Job]]
-    denied: dict[str, list[Job]]
-    #: the names getent looked up: (allowed, not in the policy)
-    names: tuple[str, str]
-
-
 @pytest.fixture(scope="module")
 def gcworld(cworld: World, runsc: str) -> World:
     # The world's HOME is a fake one: name the runsc to use explicitly.
@@ -81,17 +66,8 @@ def gmatrix(
     request: pytest.FixtureRequest, gcworld: World, servers: Servers, go_client: Path | None
 ) -> Matrix:
     mode: str = request.param
-    allowed: dict[str, list[Job]] = {}
-    denied: dict[str, list[Job]] = {}
+    allowed, denied = matrix_jobs(CASES, servers, label="gvisor")
     ports = {"http": servers.http.port, "https": servers.https.port}
-    for client, schemes in CASES.items():
-        for scheme in schemes:
-            allowed.setdefault(client, []).append(
-                make_job(client, scheme, "ok", ports[scheme], label="gvisor")
-            )
-            denied.setdefault(client, []).append(
-                make_job(client, scheme, "no", ports[scheme], label="gvisor")
-            )
     ok = [job for jobs in allowed.values() for job in jobs]
     no = [job for jobs in denied.values() for job in jobs]
     names = (f"getent-{mode}.ok.test", f"getent-{uuid.uuid4().hex[:8]}.no.test")
@@ -128,17 +104,8 @@ def test_the_clients_ran_on_gvisor(gmatrix: Matrix) -> None:
 
 
 @pytest.mark.parametrize("client", list(CASES))
-def test_allowed(gmatrix: Matrix, servers: Servers, client: str) -> None:
-    require_client(client)
-    for job in gmatrix.allowed[client]:
-        check_allowed(gmatrix.ran, job, servers, gmatrix.mode)
-
-
-@pytest.mark.parametrize("client", list(CASES))
-def test_denied(gmatrix: Matrix, servers: Servers, client: str) -> None:
-    require_client(client)
-    for job in gmatrix.denied[client]:
-        check_denied(gmatrix.ran, job, servers, gmatrix.mode)
+def test_allowed_and_denied(gmatrix: Matrix, servers: Servers, client: str) -> None:
+    gmatrix.check(client, servers)
 
 
 def test_getent_uses_stockades_resolver(gmatrix: Matrix) -> None:
