@@ -230,6 +230,25 @@ def _nobody_python(*, from_any_process: bool = False) -> str | None:
     return None
 
 
+def nobody_gvisor(world: World, runsc: str) -> list[str]:
+    """Prepare ``world`` for a gVisor run as uid 65534; return the command for
+    :func:`as_nobody`.
+
+    A user without root has a runsc of their own (here a copy in the world, which
+    as_nobody hands to uid 65534), named by STOCKADE_RUNSC; and the gVisor entry is the
+    interpreter stockade runs on, started again, so it must be a Python that uid 65534
+    can execute itself.
+    """
+    own = world.root / "bin" / "runsc"
+    own.parent.mkdir(exist_ok=True)
+    shutil.copy(runsc, own)
+    world.env["STOCKADE_RUNSC"] = str(own)
+    python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
+    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
+    assert python is not None
+    return [python, "-m", "stockade"]
+
+
 def as_nobody(
     world: World, *args: str, timeout: float = 60, command: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:

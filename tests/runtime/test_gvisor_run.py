@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ from tests.conftest import (
     SECRET_ENV,
     SECRET_FILES,
     World,
-    _nobody_python,
     as_nobody,
-    require,
+    nobody_gvisor,
 )
 from tests.runtime.test_layers import TIOCSTI_SCRIPT
 
@@ -376,18 +374,8 @@ def test_pty_tiocsti_cannot_reach_the_callers_terminal(gworld: World) -> None:
 
 
 def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
-    # What a user without root does: a runsc of their own (here a copy in the world,
-    # which as_nobody hands to uid 65534), named by STOCKADE_RUNSC.
-    import shutil
-
-    own = world.root / "bin" / "runsc"
-    own.parent.mkdir()
-    shutil.copy(runsc, own)
-    world.env["STOCKADE_RUNSC"] = str(own)
-    # A Python that uid 65534 can run itself: the gVisor entry is this interpreter.
-    python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
-    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
-    assert python is not None
+    # What a user without root does: a runsc of their own, named by STOCKADE_RUNSC.
+    command = nobody_gvisor(world, runsc)
     proc = as_nobody(
         world,
         "run",
@@ -396,7 +384,7 @@ def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
         "sh",
         "-c",
         "cat /proc/version; echo w > out.txt; cat ~/.ssh/id_ed25519; cat /etc/shadow; exit 3",
-        command=[python, "-m", "stockade"],
+        command=command,
     )
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.startswith("Linux version 4.4.0"), proc.stdout  # the Sentry's
@@ -432,18 +420,10 @@ def test_egress_off_is_the_hosts_network(gworld: World, ok_server: int) -> None:
 def test_egress_off_is_the_hosts_network_as_an_unprivileged_user(
     world: World, runsc: str, ok_server: int
 ) -> None:
-    import shutil
-
-    own = world.root / "bin" / "runsc"
-    own.parent.mkdir()
-    shutil.copy(runsc, own)
-    world.env["STOCKADE_RUNSC"] = str(own)
-    python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
-    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
-    assert python is not None
+    command = nobody_gvisor(world, runsc)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return as_nobody(world, *args, command=[python, "-m", "stockade"])
+        return as_nobody(world, *args, command=command)
 
     off, on = _direct_pair(run, ok_server)
     assert (off.returncode, off.stdout) == (0, "200\n"), off.stderr

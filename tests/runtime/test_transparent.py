@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import World, _nobody_python, as_nobody, require
+from tests.conftest import World, as_nobody, nobody_gvisor
 from tests.runtime.test_container import BACKENDS, backend_flags
 
 PROBE = r"""
@@ -117,17 +115,8 @@ def run_probe(
     args += ["env", *unset, "python3", "probe.py", str(port), label]
     command = None
     if nobody and backend:
-        # uid 65534 needs a runsc of its own (the cache's is root's; as_nobody hands the
-        # world to it), and a Python it can run itself: the gVisor entry is this
-        # interpreter, started again by stockade.
-        own = world.root / "bin" / "runsc"
-        own.parent.mkdir(exist_ok=True)
-        shutil.copy(world.env["STOCKADE_RUNSC"], own)
-        world.env["STOCKADE_RUNSC"] = str(own)
-        python = _nobody_python(from_any_process=True) if os.getuid() == 0 else sys.executable
-        require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
-        assert python is not None
-        command = [python, "-m", "stockade"]
+        # uid 65534 needs a runsc of its own (the cache's is root's).
+        command = nobody_gvisor(world, world.env["STOCKADE_RUNSC"])
     proc = as_nobody(world, *args, command=command) if nobody else world.stockade(*args)
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in audit.read_text().splitlines()]
