@@ -211,6 +211,62 @@ def test_live_allow_and_revoke(world: World, ok_server: int) -> None:
     assert states[-1] == "err"
 
 
+#: a client that ignores the proxy variables: it resolves the name itself (stockade's
+#: resolver) and connects straight to the address it got (transparent capture)
+DIRECT_LOOP = """
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+for i in range(50):
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            s.sendall(f"GET / HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+            head = s.recv(64)
+        print(i, "ok" if head.split(b" ")[1:2] == [b"200"] else "err", head[:20], flush=True)
+    except OSError as exc:
+        print(i, "err", type(exc).__name__, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_port_allowed_live_is_captured_for_a_client_that_ignores_the_proxy(
+    world: World, ok_server: int
+) -> None:
+    """Capture listens on the ports known at start (80, 443, the policy's); a port a live
+    grant names gets its listener when the grant is made, so a direct client reaches it."""
+    (world.workspace / "direct.py").write_text(DIRECT_LOOP)
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        out: list[stockade.CompletedRun] = []
+
+        def run() -> None:
+            out.append(
+                sb.run(
+                    ["python3", "direct.py", "b.test", str(ok_server)],
+                    cwd=world.workspace,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+            )
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(2.0)
+        sb.allow(f"b.test:{ok_server}")
+        t.join(90)
+    (r,) = out
+    states = [line.split()[1] for line in r.stdout.splitlines()]
+    # Refused before the grant (the resolver knew no b.test), reached after it.
+    assert "err" in states, r.stdout
+    assert "ok" in states, (r.stdout, r.stderr)
+    assert states[-1] == "ok"
+    assert states.index("ok") > states.index("err")
+    (added,) = events(r, "capture_added")
+    assert added["ports"] == [ok_server]
+    # Decided and audited by the proxy like any captured connection.
+    allowed = [e for e in events(r, "net_connect") if e.get("verdict") == "allow"]
+    assert any(e.get("host") == "b.test" for e in allowed), events(r, "net_connect")
+
+
 def test_revoke_closes_an_open_tunnel(world: World, tls_echo: int) -> None:
     """A CONNECT tunnel to b.test stays open until sb.revoke("b.test", close=True)."""
     code = (

@@ -36,7 +36,7 @@ from stockade._exceptions import SandboxError
 from stockade._libc import libc
 from stockade.egress.dns._pool import POOL
 
-__all__ = ["NetnsSockets", "listener_in_netns", "sockets_in_netns"]
+__all__ = ["Netns", "NetnsSockets", "listener_in_netns", "open_netns", "sockets_in_netns"]
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
@@ -204,6 +204,10 @@ class _Request:
     port: int
     dns: bool
     capture_ports: tuple[int, ...]
+    #: the proxy listener on 127.0.0.1:``port`` (False: capture listeners only, later)
+    proxy: bool = True
+    #: add the AnyIP routes (once per namespace, with the first capture listeners)
+    routes: bool = True
 
 
 def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request) -> None:
@@ -217,7 +221,7 @@ def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request)
         made: list[socket.socket] = []
         step = "wait for lo"
         _wait_for_loopback()
-        if request.capture_ports:
+        if request.capture_ports and request.routes:
             step = "route add local 0.0.0.0/0 dev lo"
             _add_local_default(socket.AF_INET)
             step = "route add local ::/0 dev lo"
@@ -225,12 +229,13 @@ def _child(channel: socket.socket, user_fd: int, net_fd: int, request: _Request)
         if request.dns:
             step = f"address add {POOL} dev lo"
             _add_pool_address()
-        step = f"bind 127.0.0.1:{request.port}"
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", request.port))
-        listener.listen(1024)
-        made.append(listener)
+        if request.proxy:
+            step = f"bind 127.0.0.1:{request.port}"
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", request.port))
+            listener.listen(1024)
+            made.append(listener)
         if request.dns:
             step = f"bind udp 127.0.0.1:{DNS_PORT}"
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -263,24 +268,51 @@ def listener_in_netns(pid: int, port: int = 0) -> socket.socket:
     return sockets_in_netns(pid, port).proxy
 
 
-def sockets_in_netns(
-    pid: int, port: int = 0, *, dns: bool = False, capture_ports: tuple[int, ...] = ()
-) -> NetnsSockets:
-    """The proxy listener, and optionally the resolver's and capture sockets, inside the
-    network namespace of ``pid``.
+class Netns:
+    """A sandbox's network namespace, held open by descriptor (a pid can be reused; an
+    open namespace cannot be swapped), and the user namespace to join to act in it.
 
-    The helper joins the user namespace that owns that network namespace first when we
-    are not root and it is not ours (binding ports below 1024 and adding routes need
-    capabilities there; with bubblewrap's ``--disable-userns`` the sandboxed process
-    sits in a nested user namespace, which does not own the network namespace).
-    With ``capture_ports`` it adds the AnyIP routes (see the module's docstring).
-    Raises :class:`SandboxError` naming the step that failed.
+    Made by :func:`open_netns`; every call of :meth:`sockets` forks a fresh helper.
     """
-    if len(capture_ports) > MAX_CAPTURE_PORTS:
-        raise SandboxError(
-            f"{len(capture_ports)} ports to capture; at most {MAX_CAPTURE_PORTS} "
-            "(name fewer host:port entries in network.allow)"
-        )
+
+    def __init__(self, net_fd: int, user_fd: int) -> None:
+        self.net_fd = net_fd
+        self.user_fd = user_fd
+
+    def sockets(
+        self,
+        port: int = 0,
+        *,
+        dns: bool = False,
+        capture_ports: tuple[int, ...] = (),
+        proxy: bool = True,
+        routes: bool = True,
+    ) -> list[socket.socket]:
+        """Make the sockets in the namespace (see :func:`sockets_in_netns`); in order:
+        the proxy listener (``proxy``), the resolver's UDP and TCP sockets (``dns``),
+        one capture listener per port."""
+        if self.net_fd < 0:
+            raise SandboxError("the sandbox's network namespace is closed")
+        libc()  # loaded before fork, so the helper only makes system calls
+        request = _Request(port, dns, tuple(capture_ports), proxy, routes)
+        return _fork_helper(self.user_fd, self.net_fd, request)
+
+    def close(self) -> None:
+        """Let go of the namespace."""
+        for fd in (self.net_fd, self.user_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.net_fd = self.user_fd = -1
+
+
+def open_netns(pid: int) -> Netns:
+    """Hold the network namespace of ``pid`` (and, when we are not root and it is not
+    ours, the user namespace that owns it: binding ports below 1024 and adding routes
+    need capabilities there; with bubblewrap's ``--disable-userns`` the sandboxed
+    process sits in a nested user namespace, which does not own the network namespace).
+
+    Raises :class:`SandboxError` when ``pid`` shares our namespace or is gone.
+    """
     net_path = f"/proc/{pid}/ns/net"
     if _same_namespace(net_path, "/proc/self/ns/net"):
         raise SandboxError(
@@ -306,16 +338,48 @@ def sockets_in_netns(
             if (owner.st_dev, owner.st_ino) == (ours.st_dev, ours.st_ino):
                 os.close(user_fd)
                 user_fd = -1
-        libc()  # loaded before fork, so the helper only makes system calls
-        return _fork_helper(user_fd, net_fd, _Request(port, dns, tuple(capture_ports)))
-    finally:
+    except BaseException:
         os.close(net_fd)
-        if user_fd >= 0:
-            os.close(user_fd)
+        raise
+    return Netns(net_fd, user_fd)
 
 
-def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> NetnsSockets:
-    wanted = 1 + (2 if request.dns else 0) + len(request.capture_ports)
+def sockets_in_netns(
+    pid: int, port: int = 0, *, dns: bool = False, capture_ports: tuple[int, ...] = ()
+) -> NetnsSockets:
+    """The proxy listener, and optionally the resolver's and capture sockets, inside the
+    network namespace of ``pid`` (:func:`open_netns` says which user namespace the
+    helper joins). With ``capture_ports`` it adds the AnyIP routes (see the module's
+    docstring). Raises :class:`SandboxError` naming the step that failed.
+    """
+    check_capture_count(len(capture_ports))
+    netns = open_netns(pid)
+    try:
+        return split_sockets(netns.sockets(port, dns=dns, capture_ports=capture_ports), dns)
+    finally:
+        netns.close()
+
+
+def check_capture_count(count: int) -> None:
+    """Refuse more capture ports than one helper message can carry."""
+    if count > MAX_CAPTURE_PORTS:
+        raise SandboxError(
+            f"{count} ports to capture; at most {MAX_CAPTURE_PORTS} "
+            "(name fewer host:port entries in network.allow)"
+        )
+
+
+def split_sockets(socks: list[socket.socket], dns: bool) -> NetnsSockets:
+    """The sockets of :meth:`Netns.sockets` with the proxy listener, by role."""
+    out = NetnsSockets(socks.pop(0))
+    if dns:
+        out.dns_udp, out.dns_tcp = socks.pop(0), socks.pop(0)
+    out.captures = socks
+    return out
+
+
+def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> list[socket.socket]:
+    wanted = (1 if request.proxy else 0) + (2 if request.dns else 0) + len(request.capture_ports)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         pid = os.fork()
@@ -348,11 +412,7 @@ def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> NetnsSockets:
     socks = [socket.socket(fileno=fd) for fd in fds]
     for sock in socks:
         sock.set_inheritable(False)
-    out = NetnsSockets(socks.pop(0))
-    if request.dns:
-        out.dns_udp, out.dns_tcp = socks.pop(0), socks.pop(0)
-    out.captures = socks
-    return out
+    return socks
 
 
 def _reap(pid: int, kill: bool) -> None:

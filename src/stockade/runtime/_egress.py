@@ -36,9 +36,17 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from stockade._exceptions import SandboxError
 from stockade.audit import AuditLog
 from stockade.egress import EgressProxy, EgressRules, proxy_environment
-from stockade.egress._netns import DNS_PORT, sockets_in_netns
+from stockade.egress._netns import (
+    DNS_PORT,
+    MAX_CAPTURE_PORTS,
+    Netns,
+    check_capture_count,
+    open_netns,
+    split_sockets,
+)
 from stockade.egress.approval import ApprovalBroker, RunGate
 from stockade.egress.dns import AddressPool, DnsServer
 from stockade.egress.upstream import Transport, resolve_upstream
@@ -261,6 +269,10 @@ class RunProxy:
             live = _live_rules(proxy.gate) if proxy.gate is not None else None
             self.dns = DnsServer(proxy.rules, proxy.pool, self._dns_event, live=live)
         self._serving: list[Future[None]] = []
+        #: the sandbox's namespace, held while grants may add capture ports
+        self._netns: Netns | None = None
+        self._captured: set[int] = set(capture_ports or ())
+        self._capture_lock = threading.Lock()
 
     def _dns_event(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
         self.audit.decision(event, decision, **fields)
@@ -272,12 +284,24 @@ class RunProxy:
         command then never starts (a sandbox whose resolver or capture is missing would
         break clients silently, or be wider than asked).
         """
-        socks = sockets_in_netns(
-            child_pid,
-            PROXY_PORT,
-            dns=self.dns is not None,
-            capture_ports=self.capture_ports or (),
-        )
+        check_capture_count(len(self.capture_ports or ()))
+        netns = open_netns(child_pid)
+        try:
+            made = netns.sockets(
+                PROXY_PORT, dns=self.dns is not None, capture_ports=self.capture_ports or ()
+            )
+        except BaseException:
+            netns.close()
+            raise
+        socks = split_sockets(made, self.dns is not None)
+        if self.capture_ports is not None and self.proxy.gate is not None:
+            # Live grants can name ports nobody listens on yet: keep the namespace to
+            # add their capture listeners (a client that ignores the proxy variables
+            # then reaches a port allowed while it runs).
+            self._netns = netns
+            self.proxy.gate.on_grant = self._capture_granted_ports
+        else:
+            netns.close()
         run = asyncio.run_coroutine_threadsafe
         self._serving.append(run(self.proxy.serve_socket(socks.proxy), self.loop))
         for capture in socks.captures:
@@ -289,8 +313,68 @@ class RunProxy:
                 socks.close()
                 raise
 
+    def _capture_granted_ports(self) -> None:
+        """Listen on the ports the current rules name that have no capture listener.
+
+        Called in the thread that allowed (a ``Sandbox.allow`` returns once the port is
+        listened on); made by a fresh helper in the held namespace, and served like the
+        listeners made at start. A failure is audited, never raised into the allow.
+        """
+        gate = self.proxy.gate
+        if gate is None:
+            return
+        with self._capture_lock:
+            netns = self._netns
+            if netns is None:
+                return
+            reserved = {PROXY_PORT, DNS_PORT}
+            wanted = [
+                p
+                for p in gate.current().rules.capture_ports()
+                if p not in self._captured and p not in reserved
+            ]
+            room = MAX_CAPTURE_PORTS - len(self._captured)
+            ports, skipped = tuple(wanted[: max(room, 0)]), wanted[max(room, 0) :]
+            try:
+                made = (
+                    netns.sockets(capture_ports=ports, proxy=False, routes=not self._captured)
+                    if ports
+                    else []
+                )
+            except SandboxError as exc:
+                made, skipped = [], wanted
+                detail = f"{exc}"
+            else:
+                detail = f"at most {MAX_CAPTURE_PORTS} captured ports" if skipped else ""
+            self._captured.update(ports if made else ())
+        for sock in made:
+            self._serving.append(
+                asyncio.run_coroutine_threadsafe(self.proxy.serve_capture(sock), self.loop)
+            )
+        if made:
+            self.audit.emit(
+                "capture_added",
+                layer="egress",
+                verdict="allow",
+                reason="allowed",
+                ports=list(ports),
+            )
+        if skipped:
+            self.audit.emit(
+                "capture_failed",
+                layer="egress",
+                verdict="deny",
+                reason="unsupported-protocol",
+                ports=skipped,
+                detail=f"{detail}; reachable through the proxy variables only",
+            )
+
     def close(self) -> None:
         """Stop accepting and close every connection; report a proxy that failed."""
+        with self._capture_lock:
+            if self._netns is not None:
+                self._netns.close()
+                self._netns = None
         failures = [
             exc
             for future in self._serving

@@ -394,6 +394,9 @@ class ApprovalBroker:
         if close and (deny or revoke):
             for gate in gates:
                 gate.close_failing()
+        if allow:
+            for gate in targets:
+                gate.granted()
         return generation
 
     def refuse(
@@ -460,6 +463,9 @@ class RunGate:
         self._pause_lock = threading.Lock()
         #: set by the proxy: called on the proxy's loop to close what no longer passes
         self.on_change: Callable[[], None] | None = None
+        #: set by the run: called (in the thread that allowed) after an allow, so that
+        #: what the new rules open is reachable (a capture listener for a new port)
+        self.on_grant: Callable[[], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- rules ---------------------------------------------------------------------------
@@ -478,6 +484,11 @@ class RunGate:
         if self.on_change is not None and self.loop is not None and not self.loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self.on_change)
+
+    def granted(self) -> None:
+        """Tell the run that an allow took effect (its listeners may need to grow)."""
+        if self.on_grant is not None:
+            self.on_grant()
 
     def close(self) -> None:
         """The run ended: its run grants go, and its pending asks are denied."""
