@@ -247,12 +247,12 @@ def test_proxy_task_failure_is_reported(
     world: World, ok_server: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The accept loop dies with an exception: no network, and ``proxy_failed`` in the audit."""
-    from stockade.egress import EgressProxy
+    from stockade.egress import _proxy
 
-    async def broken(self: EgressProxy, sock: socket.socket, handler: object) -> None:
+    async def broken(sock: socket.socket, accepted: object, closed: object) -> None:
         raise RuntimeError("simulated proxy crash")
 
-    monkeypatch.setattr(EgressProxy, "_accept_loop", broken)
+    monkeypatch.setattr(_proxy, "accept_forever", broken)
     go, ready = world.workspace / "go", world.workspace / "ready"
     ready.touch()
     go.touch()

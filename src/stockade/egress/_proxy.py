@@ -356,7 +356,12 @@ class EgressProxy:
             raise SandboxError("the egress proxy is closed; create a new one")
         sock.setblocking(False)
         self._listeners.append(sock)
-        inner = asyncio.get_running_loop().create_task(self._accept_loop(sock, handler))
+        loop = asyncio.get_running_loop()
+        inner = loop.create_task(
+            accept_forever(
+                sock, lambda conn, _: self._start(conn, loop, handler), lambda: self._closed
+            )
+        )
         self._accept_tasks.add(inner)
         try:
             await inner
@@ -390,16 +395,7 @@ class EgressProxy:
             task.cancel()
         for task in list(self._tasks):
             task.cancel()
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        for sock in self._listeners:
-            if loop is not None and sock.fileno() >= 0:
-                # Off epoll before the descriptor is closed (and its number reused).
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(sock.fileno())
-            sock.close()
+        close_listeners(self._listeners)
 
     async def wait_closed(self) -> None:
         """Wait until every connection task has finished and written its event."""
@@ -415,56 +411,6 @@ class EgressProxy:
     def active_connections(self) -> int:
         """Connections being handled right now."""
         return len(self._tasks)
-
-    async def _accept_loop(
-        self, sock: socket.socket, handler: Callable[[socket.socket], Coroutine[Any, Any, None]]
-    ) -> None:
-        """Accept from a reader callback that stays registered for the listener's life.
-
-        ``loop.sock_accept`` would register and unregister the listener with epoll for
-        every connection; a proxy for short requests spends a measurable part of each one
-        on that. Returns only by cancellation (close) or a broken listener.
-        """
-        loop = asyncio.get_running_loop()
-        broken: asyncio.Future[None] = loop.create_future()
-        fd = sock.fileno()
-
-        def acceptable() -> None:
-            for _ in range(64):  # what is pending, within reason: others wait their turn
-                try:
-                    conn, _ = sock.accept()
-                except BlockingIOError:
-                    return
-                except OSError as exc:
-                    if self._closed or broken.done():
-                        return
-                    loop.remove_reader(fd)
-                    if exc.errno not in _TRANSIENT_ACCEPT:
-                        # The listener itself is broken (shut down, closed under us): no
-                        # connection will ever be accepted again. Fail, so that the
-                        # caller reports it (proxy_failed), rather than spin.
-                        broken.set_exception(
-                            SandboxError(f"the proxy's listener failed: {exc.strerror or exc}")
-                        )
-                        return
-                    # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
-                    # connection waits in the backlog.
-                    logger.warning("egress: accept failed: %s", exc.strerror or exc)
-                    loop.call_later(0.05, resume)
-                    return
-                self._start(conn, loop, handler)
-
-        def resume() -> None:
-            if not self._closed and not broken.done():
-                loop.add_reader(fd, acceptable)
-
-        loop.add_reader(fd, acceptable)
-        try:
-            await broken
-        finally:
-            if not broken.done() or broken.exception() is None:
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(fd)
 
     def _start(
         self,
@@ -1445,3 +1391,72 @@ def tcp_listener(address: IPAddress, port: int, backlog: int = 1024) -> socket.s
         sock.close()
         raise
     return sock
+
+
+async def accept_forever(
+    sock: socket.socket,
+    accepted: Callable[[socket.socket, Any], object],
+    closed: Callable[[], bool],
+) -> None:
+    """Hand every connection of the listening ``sock`` to ``accepted(conn, address)``,
+    from a reader callback that stays registered for the listener's life.
+
+    ``loop.sock_accept`` would register and unregister the listener with epoll for every
+    connection; a proxy for short requests spends a measurable part of each one on that.
+    Returns only by cancellation (close); raises :class:`SandboxError` when the listener
+    itself is broken. ``closed`` says the owner is closing (accept errors are expected).
+    """
+    loop = asyncio.get_running_loop()
+    broken: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def acceptable() -> None:
+        for _ in range(64):  # what is pending, within reason: others wait their turn
+            try:
+                conn, address = sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if closed() or broken.done():
+                    return
+                loop.remove_reader(fd)
+                if exc.errno not in _TRANSIENT_ACCEPT:
+                    # The listener itself is broken (shut down, closed under us): no
+                    # connection will ever be accepted again. Fail, so that the caller
+                    # reports it (proxy_failed), rather than spin.
+                    broken.set_exception(
+                        SandboxError(f"the proxy's listener failed: {exc.strerror or exc}")
+                    )
+                    return
+                # EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the pending
+                # connection waits in the backlog.
+                logger.warning("egress: accept failed: %s", exc.strerror or exc)
+                loop.call_later(0.05, resume)
+                return
+            accepted(conn, address)
+
+    def resume() -> None:
+        if not closed() and not broken.done():
+            loop.add_reader(fd, acceptable)
+
+    loop.add_reader(fd, acceptable)
+    try:
+        await broken
+    finally:
+        if not broken.done() or broken.exception() is None:
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(fd)
+
+
+def close_listeners(listeners: list[socket.socket]) -> None:
+    """Close listening sockets, each taken off the running loop's epoll first (before
+    its descriptor number can be reused)."""
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    for sock in listeners:
+        if loop is not None and sock.fileno() >= 0:
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(sock.fileno())
+        sock.close()

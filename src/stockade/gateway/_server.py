@@ -38,7 +38,7 @@ from stockade._exceptions import PolicyError, Unavailable
 from stockade.egress import EgressProxy, EgressRules
 from stockade.egress import _http as http
 from stockade.egress._addr import ClusterRanges, IPAddress
-from stockade.egress._proxy import Resolver
+from stockade.egress._proxy import Resolver, accept_forever, close_listeners
 from stockade.egress._rules import LAYER
 from stockade.gateway._identity import TokenReviewer, basic_password, socks_credentials
 from stockade.gateway._kube import KubeClient
@@ -358,41 +358,16 @@ class Gateway:
         current = asyncio.current_task()
         if current is not None:
             self._background.append(current)  # close() cancels it
-        fd = sock.fileno()
-
-        # The listener stays registered with the loop for its whole life (a reader
-        # callback), as the local proxy's does: ``loop.sock_accept`` would register and
-        # unregister it with epoll for every connection, and wake a future and a task.
-        def acceptable() -> None:
-            for _ in range(64):  # what is pending, within reason: others wait their turn
-                try:
-                    conn, address = sock.accept()
-                except BlockingIOError:
-                    return
-                except OSError as exc:
-                    if self._closed or sock.fileno() < 0:
-                        return
-                    # Out of descriptors, say: back off rather than spin; the pending
-                    # connection waits in the backlog.
-                    logger.warning("gateway: accept failed: %s", exc)
-                    with contextlib.suppress(ValueError, OSError):
-                        loop.remove_reader(fd)
-                    loop.call_later(0.05, resume)
-                    return
-                self._accepted(conn, address, loop)
-
-        def resume() -> None:
-            if not self._closed and sock.fileno() >= 0:
-                loop.add_reader(fd, acceptable)
-
-        loop.add_reader(fd, acceptable)
         try:
-            await loop.create_future()  # until close() cancels this task
+            # The listener stays registered with the loop for its whole life, as the
+            # local proxy's does (one accept loop for both).
+            await accept_forever(
+                sock,
+                lambda conn, address: self._accepted(conn, address, loop),
+                lambda: self._closed,
+            )
         finally:
-            if sock.fileno() >= 0:
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(fd)
-            sock.close()
+            close_listeners([sock])
 
     async def serve_metrics(self, sock: socket.socket) -> None:
         """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on a listening socket."""
@@ -447,16 +422,7 @@ class Gateway:
             task.cancel()
         for task in list(self._tasks):
             task.cancel()
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        for sock in self._listeners:
-            if loop is not None and sock.fileno() >= 0:
-                # Off epoll before the descriptor is closed (and its number reused).
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(sock.fileno())
-            sock.close()
+        close_listeners(self._listeners)
         current = self.store.current
         if current is not None:
             for proxy in current.serving.values():
