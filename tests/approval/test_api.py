@@ -35,21 +35,28 @@ def curl(port: int, host: str = "a.test") -> list[str]:
     return ["curl", "-fsS", "-m", "20", f"http://{host}:{port}/"]
 
 
+def run_curl(
+    world: World, port: int, *, policy_path: Path | None = None, **options: Any
+) -> stockade.CompletedRun:
+    """curl a.test:``port`` in a sandbox of ``world`` (``options``: ask, ask_timeout)."""
+    return stockade.run(
+        curl(port),
+        policy=policy_path or policy(world),
+        workspace=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        **options,
+    )
+
+
 def events(result: stockade.CompletedRun, name: str) -> list[dict[str, object]]:
     return [e for e in result.events if e["event"] == name]
 
 
 def test_run_asks_and_allows_for_the_run(world: World, ok_server: int) -> None:
     ask = approvers.scripted({"a.test": Answer.allow()})
-    r = stockade.run(
-        curl(ok_server),
-        policy=policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        ask=ask,
-    )
+    r = run_curl(world, ok_server, ask=ask)
     assert r.stdout == "ok", r.stderr
     (asked,) = ask.asked
     assert (asked.host, asked.port, asked.argv[0]) == ("a.test", ok_server, "curl")
@@ -58,15 +65,7 @@ def test_run_asks_and_allows_for_the_run(world: World, ok_server: int) -> None:
     assert answer["verdict"] == "allow"
     assert answer["answered_by"] == "callback:approvers.scripted"
     # A second run asks again: a run grant ends with its run.
-    r2 = stockade.run(
-        curl(ok_server),
-        policy=policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        ask=ask,
-    )
+    r2 = run_curl(world, ok_server, ask=ask)
     assert r2.stdout == "ok"
     assert len(ask.asked) == 2
 
@@ -89,30 +88,14 @@ def test_denials_are_audited(world: World, ok_server: int, answer: object, reaso
             raise answer
         return answer
 
-    r = stockade.run(
-        curl(ok_server),
-        policy=policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        ask=approver,
-        ask_timeout=0.5,
-    )
+    r = run_curl(world, ok_server, ask=approver, ask_timeout=0.5)
     assert r.returncode != 0
     assert reason in {str(d.get("reason")) for d in r.denials}
     assert [e["reason"] for e in events(r, "answer")] == [reason]
 
 
 def test_without_an_approver_nothing_is_asked(world: World, ok_server: int) -> None:
-    r = stockade.run(
-        curl(ok_server),
-        policy=policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-    )
+    r = run_curl(world, ok_server)
     assert r.returncode != 0
     assert events(r, "ask") == []
     assert "host-not-allowed" in {d.get("reason") for d in r.denials}
@@ -120,15 +103,7 @@ def test_without_an_approver_nothing_is_asked(world: World, ok_server: int) -> N
 
 def test_strict_policy_turns_asking_off(world: World, ok_server: int) -> None:
     ask = approvers.scripted({"a.test": True})
-    r = stockade.run(
-        curl(ok_server),
-        policy=policy(world, "strict = true\n"),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        ask=ask,
-    )
+    r = run_curl(world, ok_server, policy_path=policy(world, "strict = true\n"), ask=ask)
     assert r.returncode != 0
     assert ask.asked == []
 
@@ -357,15 +332,7 @@ def test_the_sandbox_holds_no_descriptor_of_the_approver(world: World, ok_server
             capture_output=True,
             ask=ask,
         )
-    r = stockade.run(
-        curl(ok_server),
-        policy=policy(world),
-        workspace=world.workspace,
-        env=world.env,
-        capture_output=True,
-        text=True,
-        ask=ask,
-    )
+    r = run_curl(world, ok_server, ask=ask)
     assert r.returncode != 0  # nothing above granted a.test
     assert all(not a.answers for a in [ask])
     # The twin: the allowed host still works with the same approver.

@@ -7,6 +7,7 @@ writes do not answer the prompt; the sandbox holds no descriptor of the control 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -135,57 +136,16 @@ def test_prompt_deny_and_the_commands_own_bytes(world: World, ok_server: int) ->
 
 def test_no_terminal_means_approval_unavailable(world: World, ok_server: int) -> None:
     audit = world.root / "audit.jsonl"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stockade",
-            "run",
-            "--ask",
-            "tty",
-            "--policy",
-            str(setup(world)),
-            "--audit",
-            str(audit),
-            "--",
-            "curl",
-            "-fsS",
-            "-m",
-            "10",
-            f"http://a.test:{ok_server}/",
-        ],
-        cwd=world.workspace,
-        env=dict(world.env, STOCKADE_SERVER="0"),
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        timeout=60,
-        check=False,
-    )
-    assert r.returncode != 0
-    reasons = {e.get("reason") for e in audit_events(audit) if e.get("verdict") == "deny"}
-    assert "approval-unavailable" in reasons
-    # The twins: auto without a terminal, and never, keep today's denial.
-    for mode in ("auto", "never"):
-        audit.unlink()
+
+    def run_without_terminal(mode: str) -> list[dict[str, object]]:
+        """``stockade run --ask MODE -- curl`` with no controlling terminal; its events."""
+        with contextlib.suppress(FileNotFoundError):
+            audit.unlink()
         r = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "stockade",
-                "run",
-                "--ask",
-                mode,
-                "--policy",
-                str(setup(world)),
-                "--audit",
-                str(audit),
-                "--",
-                "curl",
-                "-fsS",
-                "-m",
-                "10",
-                f"http://a.test:{ok_server}/",
+                *(sys.executable, "-m", "stockade", "run", "--ask", mode),
+                *("--policy", str(setup(world)), "--audit", str(audit), "--"),
+                *("curl", "-fsS", "-m", "10", f"http://a.test:{ok_server}/"),
             ],
             cwd=world.workspace,
             env=dict(world.env, STOCKADE_SERVER="0"),
@@ -196,9 +156,16 @@ def test_no_terminal_means_approval_unavailable(world: World, ok_server: int) ->
             check=False,
         )
         assert r.returncode != 0
-        reasons = {e.get("reason") for e in audit_events(audit) if e.get("verdict") == "deny"}
+        return audit_events(audit)
+
+    reasons = {e.get("reason") for e in run_without_terminal("tty") if e.get("verdict") == "deny"}
+    assert "approval-unavailable" in reasons
+    # The twins: auto without a terminal, and never, keep today's denial.
+    for mode in ("auto", "never"):
+        events = run_without_terminal(mode)
+        reasons = {e.get("reason") for e in events if e.get("verdict") == "deny"}
         assert reasons == {"host-not-allowed"}
-        assert not [e for e in audit_events(audit) if e["event"] == "ask"]
+        assert not [e for e in events if e["event"] == "ask"]
 
 
 HARNESS = textwrap.dedent(
