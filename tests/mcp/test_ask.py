@@ -70,8 +70,8 @@ class Asked:
 Body = Callable[[Client], Awaitable[None]]
 
 
-def setup(tmp_path: Path, user_policy: str | None = None) -> tuple[Path, list[str], dict[str, str]]:
-    """The workspace, the server's extra arguments and environment.
+def setup(tmp_path: Path, user_policy: str | None = None) -> StdioServerParameters:
+    """``stockade mcp`` on a workspace in ``tmp_path``, with its own state and config.
 
     Without ``user_policy`` the policy is given with --policy (then "always" cannot be
     stored: such runs stay reproducible); with it, it is the user's policy.toml.
@@ -79,14 +79,21 @@ def setup(tmp_path: Path, user_policy: str | None = None) -> tuple[Path, list[st
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    extra: list[str] = []
     if user_policy is None:
         path = tmp_path / "policy.toml"
         path.write_text(POLICY)
-        return ws, ["--policy", str(path)], env
-    conf = tmp_path / "config" / "stockade"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "policy.toml").write_text(POLICY + user_policy)
-    return ws, [], env
+        extra = ["--policy", str(path)]
+    else:
+        conf = tmp_path / "config" / "stockade"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "policy.toml").write_text(POLICY + user_policy)
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "stockade", "mcp", "--workspace", str(ws), *extra],
+        env=env,
+        cwd=str(ws),
+    )
 
 
 def serve(
@@ -96,13 +103,7 @@ def serve(
     asked: Asked | None,
     user_policy: str | None = None,
 ) -> None:
-    ws, extra, env = setup(tmp_path, user_policy)
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "stockade", "mcp", "--workspace", str(ws), *extra],
-        env=env,
-        cwd=str(ws),
-    )
+    params = setup(tmp_path, user_policy)
 
     async def main() -> None:
         with anyio.fail_after(90):
@@ -231,13 +232,7 @@ def test_a_session_answer_holds_for_later_commands_and_a_run_answer_does_not(
 
 def test_a_client_without_elicitation_gets_todays_denial(tmp_path: Path, ok_server: int) -> None:
     """Also the allowed twin: a host on the allow-list goes through, nothing is asked."""
-    ws, extra, env = setup(tmp_path)
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "stockade", "mcp", "--workspace", str(ws), *extra],
-        env=env,
-        cwd=str(ws),
-    )
+    params = setup(tmp_path)
 
     async def main() -> None:
         async with (
