@@ -14,6 +14,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from stockade import _roots
 from stockade._exceptions import SandboxError, Unavailable
 
 
@@ -89,6 +90,8 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
                 text=True,
                 check=False,
                 timeout=120,
+                # The compiler runs on the host: stockade's environment, not the caller's.
+                env={**_roots.host_environment(), "TMPDIR": tmp},
             )
             if proc.returncode == 0:
                 break

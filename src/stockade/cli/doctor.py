@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from stockade import _roots
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``doctor``."""
@@ -90,7 +92,11 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
     bwrap = _host.find_bwrap()
     if bwrap:
         version = subprocess.run(
-            [bwrap, "--version"], capture_output=True, text=True, check=False
+            [bwrap, "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=_roots.host_environment(),
         ).stdout.strip()
         out.append(
             {

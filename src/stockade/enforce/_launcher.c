@@ -48,6 +48,11 @@
  *   "t=/abs/path"       mask a directory: an empty read-only tmpfs over it
  *                       (k, b, n and t records are applied in the order given)
  *   "B=N"               followed by exactly N raw bytes of struct sock_filter[]
+ *   "X=1"               exec CMD with exactly the "e" records as its environment,
+ *                       not the launcher's own (which is then the host's fixed one:
+ *                       the launcher runs on the host before Landlock when there is
+ *                       no bubblewrap, and a loader variable there would run first)
+ *   "e=NAME=VALUE"      one variable of that environment (repeatable)
  *   "END"               terminator; nothing may follow
  *
  * Every failure before exec prints one line naming the operation and a fix, and
@@ -202,6 +207,10 @@ struct spec {
 	/* k (pin), b (protect), n and t (mask) records, in spec order */
 	struct { char kind; const char *path; } binds[MAX_PATHS];
 	size_t n_binds;
+	/* X=1: the command's environment is envp (n_env entries, NULL-terminated) */
+	int own_env;
+	char **envp;
+	size_t n_env;
 };
 
 static int g_debug;
@@ -340,6 +349,18 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 		case 'D': s->debug = parse_flag(v, "D"); break;
 		case 'T': s->ctty = parse_flag(v, "T"); break;
 		case 'C': s->drop_caps = parse_flag(v, "C"); break;
+		case 'X': s->own_env = parse_flag(v, "X"); break;
+		case 'e': {
+			if (!strchr(v, '='))
+				die("bad spec: environment record \"%.40s\" is not NAME=VALUE; rebuild the spec", v);
+			char **n = realloc(s->envp, (s->n_env + 2) * sizeof *n);
+			if (!n)
+				die("reading the spec failed: ENOMEM; free memory");
+			s->envp = n;
+			s->envp[s->n_env++] = (char *)v;
+			s->envp[s->n_env] = NULL;
+			break;
+		}
 		case 'l': {
 			/* l=NAME:VALUE, an rlimit set as both soft and hard limit. */
 			static const struct { const char *name; int resource; } names[] = {
@@ -830,12 +851,18 @@ int main(int argc, char **argv)
 		debug("verified: %s denied with EACCES", s.deny_probe);
 	}
 	close(status_fd);
-	free(buf);
 
 	/* (f) */
 	close_inherited_fds();
 
-	/* (g) */
+	/* (g) With X=1 the environment is the spec's (its strings live in buf, which is
+	 * therefore kept): execvp searches the command's PATH, as bwrap's exec does. */
+	if (s.own_env) {
+		static char *empty[] = {NULL};
+		environ = s.envp ? s.envp : empty;
+	} else {
+		free(buf);
+	}
 	execvp(argv[3], &argv[3]);
 	int e = errno;
 	dprintf(2, "stockade: cannot run %s: %s\n", argv[3], strerror(e));

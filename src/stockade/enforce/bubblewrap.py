@@ -18,7 +18,7 @@ and shown (``stockade check --json``) without running anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from stockade._record import field, record
@@ -108,13 +108,18 @@ def build_argv(
     block_fd: int | None = None,
     seccomp_fd: int | None = None,
     status_fd: int | None = None,
+    args_fd: int | None = None,
 ) -> list[str]:
     """Return the full bubblewrap argv that runs ``command`` under ``plan``.
 
     No secret may appear here: the argv of bwrap is readable inside the sandbox as
-    ``/proc/1/cmdline``. The environment is passed as bwrap's own environment instead.
+    ``/proc/1/cmdline``. The command's environment comes from ``args_fd`` (see
+    :func:`environment_fd`), never from bwrap's own environment, which is stockade's
+    fixed host environment (bwrap runs unconfined on the host before any namespace).
     """
     argv = [bwrap]
+    if args_fd is not None:
+        argv += ["--args", str(args_fd)]
     if not plan.isolate:
         # Only a private network namespace: the container layer is off, but egress still
         # needs a namespace with nothing in it but loopback.
@@ -186,3 +191,37 @@ def build_argv(
     argv.append("--")
     argv += list(command)
     return argv
+
+
+def environment_fd(env: Mapping[str, str]) -> int:
+    """A sealed memfd holding ``--clearenv`` and one ``--setenv NAME VALUE`` per variable
+    of ``env``, NUL-separated, for bwrap's ``--args FD``; the caller passes and closes it.
+
+    bwrap applies them to its own process while it parses its arguments, long after its
+    dynamic loader ran, and execs the sandbox's first process with the result: what the
+    policy sets for the command (``LD_PRELOAD`` included) takes effect inside only.
+    ``/proc/1/environ`` inside is the memory bwrap started with: the host environment.
+    """
+    import fcntl
+
+    parts = [b"--clearenv"]
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"environment variable {name!r} cannot be passed to bwrap")
+        parts += [b"--setenv", os.fsencode(name), os.fsencode(value)]
+    data = b"\0".join(parts) + b"\0"
+    fd = os.memfd_create("stockade-env", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stockade import _roots
 from stockade._exceptions import Unavailable
 from stockade._record import record
 from stockade.enforce.bubblewrap import STOCKADE_DIR, ContainerPlan, _secret_masks
@@ -185,7 +186,11 @@ def runsc_version(path: Path) -> Runsc:
     """Ask ``path --version``; raise :class:`Unavailable` when it cannot be read."""
     try:
         out = subprocess.run(
-            [str(path), "--version"], capture_output=True, timeout=10, check=False
+            [str(path), "--version"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+            env=_roots.host_environment(),
         ).stdout.decode(errors="replace")
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unavailable(f"runsc at {path} ({exc})", GET_RUNSC) from None

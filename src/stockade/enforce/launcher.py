@@ -82,6 +82,12 @@ class LauncherSpec:
     #: CAP_SYS_ADMIN and CAP_SETPCAP in its user namespace for them, gives up every
     #: capability after them, and refuses them without Landlock (see _launcher.c)
     mounts: tuple[tuple[str, str], ...] = ()
+    #: the command's environment, as (name, value) pairs: the launcher execs with exactly
+    #: these instead of its own environment. Given when the launcher starts on the host
+    #: (no bubblewrap around it): it is then started with stockade's fixed host
+    #: environment, so that nothing of the command's (an ``LD_PRELOAD`` of the policy's
+    #: ``env.set``) is loaded before Landlock and seccomp are in place. None: inherit.
+    environment: tuple[tuple[str, str], ...] | None = None
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -122,6 +128,12 @@ def serialize(spec: LauncherSpec) -> bytes:
     out += [rec("w", path(p)) for p in spec.write_paths]
     if spec.deny_probe is not None:
         out.append(rec("p", path(spec.deny_probe)))
+    if spec.environment is not None:
+        out.append(rec("X", "1"))
+        for name, text in spec.environment:
+            if not name or "=" in name or "\0" in name or "\0" in text:
+                raise ValueError(f"launcher spec: environment variable {name!r} is not valid")
+            out.append(rec("e", f"{name}={text}"))
     if spec.seccomp_bpf is not None:
         n = len(spec.seccomp_bpf)
         if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:

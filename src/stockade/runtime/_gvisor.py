@@ -19,12 +19,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from stockade import _roots
 from stockade._exceptions import SandboxError
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
-
-#: runsc's own environment: nothing of the caller's (the child's is in the bundle)
-_RUNSC_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 
 
 class GvisorRun:
@@ -181,8 +179,9 @@ class GvisorRun:
 
     @staticmethod
     def env() -> dict[str, str]:
-        """runsc's own environment."""
-        return dict(_RUNSC_ENV)
+        """runsc's own environment: stockade's fixed host environment, nothing of the
+        caller's (the command's is in the bundle)."""
+        return _roots.host_environment()
 
     def cleanup(self) -> None:
         """``runsc delete --force`` when runsc left its container's state behind (it was

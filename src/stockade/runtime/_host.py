@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from stockade import _roots
 from stockade._exceptions import Unavailable
 from stockade._record import record
 
@@ -103,6 +104,7 @@ def _userns_check(bwrap: str | None) -> Check:
         capture_output=True,
         text=True,
         check=False,
+        env=_roots.host_environment(),
     )
     if proc.returncode == 0:
         return Check("user namespaces", True, "bwrap can create user, pid and net namespaces")
@@ -199,6 +201,7 @@ def transparent_check() -> Check:
     proc = subprocess.Popen(
         argv,
         pass_fds=(info_w, block_r),
+        env=_roots.host_environment(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

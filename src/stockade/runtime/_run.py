@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from stockade import _roots
 from stockade._exceptions import (
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
@@ -508,7 +509,12 @@ def _execute(
                     command = [LAUNCHER_INSIDE, SPEC_INSIDE, "--", *command]
                 sandbox.write_bundle(plan, command, child_env)
             elif use_launcher:
-                prefix, launcher_fd = _launcher(policy, plan, scratch, use_pty)
+                # Without bubblewrap around it the launcher starts on the host: it gets
+                # stockade's fixed environment, and the command's rides in its spec.
+                direct = bwrap is None or not (layers.container or layers.egress)
+                prefix, launcher_fd = _launcher(
+                    policy, plan, scratch, use_pty, env=child_env if direct else None
+                )
                 if bwrap is not None and (layers.container or layers.egress):
                     # bwrap execs the launcher through a descriptor (its /proc/self/fd
                     # link), not through a bind of the binary: one mount less, and
@@ -539,7 +545,10 @@ def _execute(
                     argv=tuple(request.argv),
                 )
             status_r = status_w = -1
-            spawn_env = child_env
+            args_fd = -1
+            # What stockade starts on the host starts from an environment it built
+            # (DESIGN §6): the command's environment is handed over inside.
+            spawn_env = _roots.host_environment()
             if sandbox is not None and start is not None:
                 # Egress off: the host's network, as bubblewrap's --share-net gives.
                 argv = sandbox.argv(start.info_w, start.block_r, share_net=plan.share_net)
@@ -547,6 +556,11 @@ def _execute(
                 depth = 0  # runsc run forwards signals to the command itself
             elif bwrap is not None and (layers.container or layers.egress):
                 status_r, status_w = os.pipe()
+                # bwrap reads the command's environment from a sealed memfd (--args:
+                # --clearenv, then --setenv for each variable), applies it to its own
+                # process after it has started and passes it on at exec: never on its
+                # argv (readable inside as /proc/1/cmdline), never its own environment.
+                args_fd = bubblewrap.environment_fd(child_env)
                 argv = bubblewrap.build_argv(
                     plan,
                     command,
@@ -554,13 +568,24 @@ def _execute(
                     info_fd=start.info_w if start else None,
                     block_fd=start.block_r if start else None,
                     status_fd=status_w,
+                    args_fd=args_fd,
                 )
                 depth = 2 if plan.isolate else 1
-            else:
+            elif use_launcher:
                 argv, depth = command, 0
+            else:
+                # Every layer that would confine the command is off: it is the command.
+                argv, depth = command, 0
+                spawn_env = child_env
             fds = [
                 fd
-                for fd in (launcher_fd, exe_fd, status_w, *(start.child_fds() if start else ()))
+                for fd in (
+                    launcher_fd,
+                    exe_fd,
+                    status_w,
+                    args_fd,
+                    *(start.child_fds() if start else ()),
+                )
                 if fd >= 0
             ]
             try:
@@ -586,7 +611,7 @@ def _execute(
                     if not timed_out and not _bwrap_started(status_r):
                         _explain_bwrap_failure(returncode)
             finally:
-                for fd in (launcher_fd, exe_fd, status_r, status_w):
+                for fd in (launcher_fd, exe_fd, status_r, status_w, args_fd):
                     if fd >= 0:
                         os.close(fd)
                 if start is not None:
@@ -649,11 +674,18 @@ def _launcher(
     plan: bubblewrap.ContainerPlan,
     scratch: _Scratch,
     ctty: bool,
+    *,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], int]:
-    """Build the inner launcher's spec for this run; return its argv prefix and spec fd."""
+    """Build the inner launcher's spec for this run; return its argv prefix and spec fd.
+    ``env``: the command's environment, carried in the spec (the launcher starts on the
+    host with stockade's own)."""
     from stockade.enforce import launcher
 
-    return launcher.prepare(_launcher_plan(policy, plan, scratch, ctty))
+    spec = _launcher_plan(policy, plan, scratch, ctty)
+    if env is not None:
+        spec = replace(spec, environment=tuple(env.items()))
+    return launcher.prepare(spec)
 
 
 def _launcher_spec(
