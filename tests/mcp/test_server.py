@@ -201,3 +201,27 @@ def test_bad_policy_fails_before_serving(tmp_path: Path) -> None:
     assert result.returncode == 125
     assert result.stdout == ""
     assert "network.allow[0]" in result.stderr
+
+
+def test_the_built_in_policy_reports_refused_network_attempts(tmp_path: Path) -> None:
+    # No policy at all: nothing is allowed, and each attempt is still a denial with a hint
+    # (issue 24 item 5), not an empty list beside a "could not resolve host".
+    fetch = (
+        "import socket\n"
+        "try:\n"
+        "    socket.getaddrinfo('refused.test', 443)\n"
+        "except OSError as exc:\n"
+        "    print('refused:', type(exc).__name__)\n"
+    )
+
+    async def body(session: ClientSession) -> None:
+        out = structured(
+            await session.call_tool("run_command", {"command": ["python3", "-c", fetch]})
+        )
+        assert out["stdout"] == "refused: gaierror\n"
+        denial = next(d for d in out["denials"] if d["layer"] == "egress")
+        assert denial["reason"] == "host-not-allowed"
+        assert denial["target"] == "refused.test"
+        assert "ask the user" in denial["hint"]
+
+    serve(tmp_path, body, env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")})

@@ -42,6 +42,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "init": ("stockade.cli.init", "write a commented starter stockade.toml for this workspace"),
     "server": ("stockade.cli.server", "keep a warm run server that makes 'run' start faster"),
     "approvals": ("stockade.cli.approvals", 'list or revoke the hosts answered "always"'),
+    "trust": (
+        "stockade.cli.trust",
+        "let this workspace's stockade.toml widen your policy (pinned by its hash)",
+    ),
     "export": (
         "stockade.cli.export",
         "write a policy as Kubernetes manifests (agent-sandbox, Pod, Deployment, gateway)",

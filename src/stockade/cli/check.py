@@ -6,6 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from stockade._roots import Narrowed
+    from stockade.policy import Policy
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``check``."""
@@ -23,14 +28,31 @@ def execute(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.file, workspace=args.workspace)
     data = policy.to_dict()
+    ws_policy = _workspace_policy(policy) if args.file is None else None
+    narrowed = _narrowed(policy)
     if args.json:
         data["sources"] = list(policy.sources)
         data["notes"] = list(policy.notes)
         data["warnings"] = list(policy.warnings)
         data["digest"] = policy.digest()
+        if ws_policy is not None:
+            data["workspace_policy"] = {"path": str(ws_policy[0]), "trust": ws_policy[1]}
+        data["narrowed"] = [n.describe() for n in narrowed]
         print(json.dumps(data, indent=2))
         return 0
     print(f"policy: {' + '.join(policy.sources)}  ({policy.digest()[:19]})")
+    if ws_policy is not None:
+        path, state = ws_policy
+        says = {
+            "trusted": "trusted (pinned with stockade trust): read as your own policy",
+            "changed": "CHANGED since you trusted it: it may only tighten until you run "
+            f"stockade trust {path} again",
+            "untrusted": "untrusted: it may only tighten your policy "
+            f"(stockade trust {path} lets it widen)",
+        }
+        print(f"workspace policy  {path}: {says[state]}")
+    for item in narrowed:
+        print(f"narrowed    {item.describe()}")
     fs = policy.filesystem
     print(f"workspace   {fs.workspace}  (read-write)")
     for p in fs.read:
@@ -68,3 +90,31 @@ def execute(args: argparse.Namespace) -> int:
     for warning in policy.warnings:
         print(f"WARNING     {warning}")
     return 0
+
+
+def _workspace_policy(policy: Policy) -> tuple[Path, str] | None:
+    """The workspace ``stockade.toml`` this policy was composed with, and its trust."""
+    from stockade.policy._load import WORKSPACE_POLICY
+    from stockade.policy._trust import TrustStore
+
+    for source in policy.sources:
+        trusted = source.endswith(" (trusted)")
+        path = Path(source.removesuffix(" (trusted)"))
+        if path.name != WORKSPACE_POLICY:
+            continue
+        if trusted:
+            return path, "trusted"
+        try:
+            state = TrustStore().status(path, path.read_bytes())
+        except OSError:
+            state = "untrusted"
+        return path, "changed" if state == "changed" else "untrusted"
+    return None
+
+
+def _narrowed(policy: Policy) -> tuple[Narrowed, ...]:
+    """stockade's own directories that a grant of ``policy`` would have exposed."""
+    from stockade import _roots
+
+    fs = policy.filesystem
+    return _roots.narrowed((fs.workspace, *fs.write), visible=fs.read)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from stockade import _roots
 from stockade._exceptions import PolicyError
 from stockade._record import replace
 from stockade.policy._credentials import looks_like_credential
@@ -54,8 +55,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def user_policy_path() -> Path:
     """``$XDG_CONFIG_HOME/stockade/policy.toml`` (``~/.config`` when unset)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "stockade" / "policy.toml"
+    return _roots.config_dir() / "policy.toml"
 
 
 def approved_path() -> Path:
@@ -137,18 +137,32 @@ def load_policy(
         # can only tighten, and never add approvals). Never with --policy (reproducible).
         base = _with_approved(base)
         ws_file = base.filesystem.workspace / WORKSPACE_POLICY
-        ws_raw = _read_if_present(ws_file)
-        if ws_raw is not None:
+        ws_data = _read_bytes_if_present(ws_file)
+        if ws_data is None:
+            policy = base
+        elif ws_data.strip() and _trusted(ws_file, ws_data):
+            # Pinned by the person with `stockade trust` (these very bytes): read as
+            # the user's own policy, as --policy would; approvals still apply.
+            raw = _parse(ws_data, ws_file)
+            source = f"{ws_file} (trusted)"
+            policy = _with_approved(
+                _build(raw, source, base=None, cwd=cwd, ws_override=base.filesystem.workspace)
+            )
+        else:
             policy = _build(
-                ws_raw,
+                _parse(ws_data, ws_file),
                 str(ws_file),
                 base=base,
                 cwd=cwd,
                 ws_override=base.filesystem.workspace,
             )
-        else:
-            policy = base
     return add_allowed_hosts(policy, extra_allow)
+
+
+def _trusted(path: Path, data: bytes) -> bool:
+    from stockade.policy._trust import TrustStore
+
+    return TrustStore().pinned(path, data)
 
 
 def add_allowed_hosts(policy: Policy, hosts: tuple[str, ...]) -> Policy:
@@ -204,13 +218,30 @@ def _read_if_present(path: Path) -> dict[str, Any] | None:
         raise
 
 
-def _read(path: Path) -> dict[str, Any]:
-    import tomllib  # only when a policy file exists: the default needs no parser
+def _read_bytes_if_present(path: Path) -> bytes | None:
+    """The workspace policy's bytes, or None when there is none (also when it vanishes
+    between the look and the read, as for :func:`_read_if_present`)."""
+    if not _is_file(path):
+        return None
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
 
+
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
+    return _parse(data, path)
+
+
+def _parse(data: bytes, path: Path) -> dict[str, Any]:
+    import tomllib  # only when a policy file exists: the default needs no parser
+
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -558,13 +589,9 @@ def _build(
     strict = v.boolean("network.strict", net.get("strict", False))
     mcp_raw = raw.get("mcp", {})
     allow_always = v.boolean("mcp.allow_always", mcp_raw.get("allow_always", False))
-    if base is not None and allow_always:
-        # Whether an MCP client's answer may be written to approved.toml is the user's
-        # call: the sandbox can write a workspace file, so it may only turn this off.
-        raise v.fail("mcp.allow_always", True, _WIDEN_FIX)
     if base is not None and "upstream" in net:
-        # Where stockade dials is the operator's, never the sandbox's: the sandbox can
-        # write this file, and an upstream of its choosing would see every connection.
+        # Refused before it is validated (an auth_file of the sandbox's choosing is not
+        # even looked at); _tighten says why.
         raise v.fail("network.upstream", net["upstream"], _WIDEN_FIX)
     upstream = _upstream_block(net, v, cwd, workspace)
 
@@ -622,23 +649,7 @@ def _build(
         policy = replace(policy, container=ContainerPolicy(backend=backend))
     if base is None:
         return policy
-    merged = _tighten(base, policy, raw, v)
-    if base.network.strict or strict:
-        # A workspace file may turn asking off (that only tightens), never back on.
-        merged = replace(merged, network=replace(merged.network, strict=True))
-    if base.mcp.allow_always and "allow_always" not in mcp_raw:
-        merged = replace(merged, mcp=replace(merged.mcp, allow_always=True))
-    if base.container.backend == "gvisor" or backend == "gvisor":
-        # A kernel of its own only adds a boundary: a workspace file may ask for it, and
-        # may not take it away (the sandbox can write that file).
-        if (
-            base.container.backend == "gvisor"
-            and "backend" in container_raw
-            and backend != "gvisor"
-        ):
-            raise v.fail("container.backend", backend, _WIDEN_FIX)
-        merged = replace(merged, container=ContainerPolicy(backend="gvisor"))
-    return merged
+    return _tighten(base, policy, raw, v)
 
 
 def _warnings(allow: tuple[str, ...]) -> tuple[str, ...]:
@@ -667,7 +678,24 @@ def _min_limit(a: float, b: float) -> float:
 
 
 def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) -> Policy:
-    """Compose a workspace policy on ``base``: it may only take away, never add."""
+    """Compose an untrusted workspace policy on ``base``: it may only take away, never add.
+
+    The one place that says what a workspace file may do (the sandbox can write it, and
+    a cloned repository brings one; ``stockade trust`` is how a person lets one widen):
+
+    * filesystem: narrow the workspace to a directory inside it; read and write only
+      what ``base`` grants (a subset); add deny globs and protected paths;
+    * env: pass a subset of ``base``'s names (never a secret ``base`` does not pass as
+      one); ``set`` nothing ``base`` does not set to the same value (a variable of the
+      sandbox's choosing is code: ``LD_PRELOAD``, ``PYTHONPATH``, ``NODE_OPTIONS``);
+    * network: a subset of ``base``'s allow-list and pins; more deny entries; more TLS
+      ports; capture and asking may be turned off, never on; no upstream, no secrets,
+      no CA, no allow rules (``_tighten_inspect``);
+    * limits: lower only; layers: switch on only; backend: gVisor may be asked for,
+      never taken away; ``mcp.allow_always`` may only be turned off;
+    * presets: only those whose hosts ``base`` already allows (their paths and names
+      are dropped: see ``_build``); kubernetes: never (the base's table stands).
+    """
     fs = raw.get("filesystem", {})
     workspace = base.filesystem.workspace
     if "workspace" in fs and not _covered(ws.filesystem.workspace, (workspace,)):
@@ -686,6 +714,13 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
     for e in ws.env.pass_:
         if e.name not in base_pass or (e.allow_secret and not base_pass[e.name].allow_secret):
             raise v.fail("env.pass", e.name, _WIDEN_FIX)
+    for name, value in ws.env.set.items():
+        if base.env.set.get(name) != value:
+            raise v.fail(f"env.set.{name}", value, _WIDEN_FIX)
+    if ws.mcp.allow_always:
+        # Whether an MCP client's answer may be written to approved.toml is the user's
+        # call: the sandbox can write a workspace file, so it may only turn this off.
+        raise v.fail("mcp.allow_always", True, _WIDEN_FIX)
     for host in ws.network.allow:
         if host not in base.network.allow:
             raise v.fail("network.allow", host, _WIDEN_FIX)
@@ -705,7 +740,25 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         cpu_seconds=int(_min_limit(lb.cpu_seconds, lw.cpu_seconds)),
         wall_seconds=_min_limit(lb.wall_seconds, lw.wall_seconds),
     )
-    return Policy(
+    mcp_raw = raw.get("mcp", {})
+    mcp = base.mcp
+    if base.mcp.allow_always and "allow_always" in mcp_raw:
+        mcp = replace(mcp, allow_always=False)
+    container = base.container
+    if base.container.backend == "gvisor" or ws.container.backend == "gvisor":
+        # A kernel of its own only adds a boundary: a workspace file may ask for it, and
+        # may not take it away.
+        if (
+            base.container.backend == "gvisor"
+            and ws.container.backend != "gvisor"
+            and "backend" in raw.get("container", {})
+        ):
+            raise v.fail("container.backend", ws.container.backend, _WIDEN_FIX)
+        container = ContainerPolicy(backend="gvisor")
+    elif ws.container.backend != base.container.backend:
+        # Any other backend is another set of boundaries, not an added one.
+        raise v.fail("container.backend", ws.container.backend, _WIDEN_FIX)
+    merged = Policy(
         filesystem=FilesystemPolicy(
             workspace=ws.filesystem.workspace,
             read=ws.filesystem.read if "read" in fs else base.filesystem.read,
@@ -742,12 +795,19 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         warnings=_warnings(
             ws.network.allow if "allow" in raw.get("network", {}) else base.network.allow
         ),
+        mcp=mcp,
+        container=container,
     )
+    if base.network.strict or ws.network.strict:
+        # A workspace file may turn asking off (that only tightens), never back on.
+        merged = replace(merged, network=replace(merged.network, strict=True))
+    return merged
 
 
 _WIDEN_FIX = (
     "a policy inside the workspace can only tighten the user policy (the sandbox can write "
-    "it); add this to ~/.config/stockade/policy.toml or pass the file with --policy"
+    "it); add this to ~/.config/stockade/policy.toml, pass the file with --policy, or pin "
+    "this file with stockade trust once you have read it"
 )
 
 
