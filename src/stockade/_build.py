@@ -4,7 +4,8 @@ Two programs are C: the inner launcher (``enforce/_launcher.c``, run inside ever
 sandbox) and the front end of the ``stockade`` command (``cli/_frontend.c``). Each binary
 is named after a digest of its source, so a changed source gets a fresh binary and a
 stale one is never reused; a cached binary is reused only when nobody but this user
-could have written it.
+could have written it and its content is the one recorded when it was built
+(:mod:`stockade._digests`); otherwise it is built again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from stockade import _roots
+from stockade import _digests, _roots
 from stockade._exceptions import SandboxError, Unavailable
 
 
@@ -69,7 +70,10 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
     Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
     compile fails.
     """
-    if trusted(target):
+    # Owner and mode first (cheap, and another user's file is never ours), then the
+    # content against the digest recorded when this was built: the sandbox runs as this
+    # user, so a copy it wrote (the cache inside a granted directory) has the right owner.
+    if trusted(target) and _digests.verify(target) is None:
         return target
     cache = target.parent
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -104,4 +108,5 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
         # Owner-only like its directory: the runtime and the sandbox run as one uid.
         os.chmod(out, 0o700)
         os.replace(out, target)
+    _digests.record(target)
     return target

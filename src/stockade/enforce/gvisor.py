@@ -182,6 +182,11 @@ def find_runsc(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(found) if found else None
 
 
+def _within(path: Path, root: Path) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
 def runsc_version(path: Path) -> Runsc:
     """Ask ``path --version``; raise :class:`Unavailable` when it cannot be read."""
     try:
@@ -212,6 +217,18 @@ def require_runsc(env: Mapping[str, str] | None = None) -> Runsc:
     path = find_runsc(env)
     if path is None:
         raise Unavailable('runsc (gVisor) for [container] backend = "gvisor"', GET_RUNSC)
+    if not (env if env is not None else os.environ).get("STOCKADE_RUNSC") and _within(
+        path, cache_dir(env)
+    ):
+        # runsc runs on the host. One in stockade's cache is run only as the file that
+        # scripts/get-runsc fetched (its digest is in stockade's state, out of every
+        # sandbox's reach): the sandbox writes as this user, so owner and mode prove
+        # nothing. A runsc named with STOCKADE_RUNSC is the user's own choice.
+        from stockade import _digests
+
+        why = _digests.verify(path)
+        if why is not None:
+            raise Unavailable(f"runsc from stockade's cache: {why}", GET_RUNSC)
     found = runsc_version(path)
     if found.release < MIN_RELEASE:
         have = f"{found.release[0]:08d}.{found.release[1]}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stockade._exceptions import SandboxError
 from stockade._record import record
+from stockade._roots import Narrowed
 from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED
 
 #: Locations under HOME that hold credentials; never bound into the sandbox, even when a
@@ -647,3 +648,54 @@ def caller_home(env: Mapping[str, str]) -> Path:
     """The caller's home directory as a resolved path."""
     home = env.get("HOME") or os.path.expanduser("~")
     return Path(home).resolve()
+
+
+@record
+class RootGuard:
+    """How stockade's own trust roots are kept out of one sandbox's reach."""
+
+    #: roots bound read-only onto themselves (they lie where the sandbox could write)
+    protected: tuple[Path, ...]
+    #: directories from the writable grant down to each protected root, bound onto
+    #: themselves: renaming one (to put a fresh, writable copy in its place) fails EBUSY
+    pinned: tuple[Path, ...]
+    #: roots hidden under an empty read-only tmpfs (they hold a private key)
+    masked: tuple[Path, ...]
+
+
+def guard_trust_roots(narrowed: Iterable[Narrowed]) -> RootGuard:
+    """Plan the binds that keep each narrowed trust root (``stockade._roots.narrowed``)
+    read-only or masked inside the sandbox.
+
+    A read-only root that does not exist yet is created first (mode 0700): left missing
+    inside a writable grant, the sandbox could create it, with a policy or a launcher of
+    its own for the next run to trust. A masked root that does not exist needs no mask.
+    """
+    protected: list[Path] = []
+    pinned: list[Path] = []
+    masked: list[Path] = []
+    for item in narrowed:
+        root = item.root.path
+        if item.root.mode == "mask":
+            if os.path.isdir(root):
+                masked.append(root)
+            continue
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxError(
+                f"{item.root.what} at {root} lies inside {item.grant}, which the sandbox can "
+                f"write, and cannot be created to be kept read-only ({exc.strerror}); "
+                "narrow the grant or point the XDG variable elsewhere"
+            ) from None
+        protected.append(root)
+        grant = Path(os.path.realpath(item.grant))
+        parent = root.parent
+        while parent != grant and _is_within(parent, grant):
+            pinned.append(parent)
+            parent = parent.parent
+    return RootGuard(
+        protected=tuple(dict.fromkeys(protected)),
+        pinned=tuple(sorted(set(pinned), key=lambda p: len(p.parts))),
+        masked=tuple(dict.fromkeys(masked)),
+    )

@@ -83,7 +83,10 @@ class TrustStore:
         digest = file_digest(data)
         key = str(Path(os.path.realpath(path)))
         with self._locked() as entries:
-            entries[key] = {"digest": digest, "added": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            entries[key] = {
+                "digest": digest,
+                "added": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
         return digest
 
     def remove(self, path: Path) -> bool:

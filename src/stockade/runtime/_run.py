@@ -387,6 +387,18 @@ def _execute(
                 caller_env.get("PATH", ""), home, denied=(*deny.dirs, *deny.files)
             )
             trust = _trust_paths(env_plan.env, (*deny.dirs, *deny.files), audit)
+            # stockade's own directories (config, state, cache, CA, its code) that a
+            # grant would expose: read-only (or masked) inside, whatever the grant.
+            narrowed = _roots.narrowed((workspace, *fs.write), visible=(*fs.read, *toolchains))
+            for item in narrowed:
+                audit.emit(
+                    "layer_note",
+                    layer="files",
+                    verdict="report",
+                    reason="path-protected",
+                    detail=item.describe(),
+                    path=str(item.root.path),
+                )
             use_pty = _wants_pty(request)
             use_launcher = (
                 layers.files or layers.syscalls or layers.limits or use_pty or not layers.container
@@ -401,6 +413,7 @@ def _execute(
                 # starts (_Start.release).
                 defer = launcher_binds and handshake and os.access(workspace, os.W_OK)
                 protection = claim.protect(workspace, fs.protect, defer=defer, writable=fs.write)
+                guard = paths.guard_trust_roots(narrowed)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
@@ -427,9 +440,13 @@ def _execute(
                     write=fs.write,
                     toolchains=toolchains,
                     masked_files=(*deny.files, *sockets),
-                    masked_dirs=deny.dirs,
-                    protected=protection.existing,
-                    pinned=protection.pinned,
+                    masked_dirs=(*deny.dirs, *guard.masked),
+                    protected=(*protection.existing, *guard.protected),
+                    pinned=tuple(
+                        sorted(
+                            set(protection.pinned) | set(guard.pinned), key=lambda p: len(p.parts)
+                        )
+                    ),
                     # The launcher binds in a mount namespace of its own: bwrap's init
                     # keeps the old one, which Landlock keeps out of reach (_launcher.c).
                     launcher_binds=launcher_binds,
@@ -439,6 +456,13 @@ def _execute(
                 )
                 child_env = env_plan.env
             else:
+                if narrowed:
+                    # Without a mount namespace nothing can hold them read-only: Landlock
+                    # only grants. Refuse rather than let the sandbox rewrite stockade.
+                    raise Unavailable(
+                        f"keeping {narrowed[0].describe()} without the container layer",
+                        "keep the container layer on, or narrow the grant",
+                    )
                 if deny.files or deny.dirs:
                     # Landlock only grants; hiding a path inside a granted area needs the
                     # container's masks. Refuse rather than expose a denied file.
