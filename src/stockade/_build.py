@@ -73,7 +73,7 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
     # Owner and mode first (cheap, and another user's file is never ours), then the
     # content against the digest recorded when this was built: the sandbox runs as this
     # user, so a copy it wrote (the cache inside a granted directory) has the right owner.
-    if trusted(target) and _digests.verify(target) is None:
+    if trusted(target) and _digests.verify(target, first_use=True) is None:
         return target
     cache = target.parent
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -108,5 +108,11 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
         # Owner-only like its directory: the runtime and the sandbox run as one uid.
         os.chmod(out, 0o700)
         os.replace(out, target)
-    _digests.record(target)
+    try:
+        _digests.record(target)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot record the digest of {what} in stockade's state ({exc.strerror}); "
+            "make $XDG_STATE_HOME (default ~/.local/state) writable"
+        ) from None
     return target

@@ -64,12 +64,25 @@ def _write(real: Path, entry: dict[str, object]) -> None:
     os.replace(tmp, target)
 
 
-def verify(path: Path) -> str | None:
-    """Why the executable at ``path`` may not be run (None: it matches its record)."""
+def verify(path: Path, *, first_use: bool = False) -> str | None:
+    """Why the executable at ``path`` may not be run (None: it matches its record).
+
+    ``first_use``: a file this state has no record of is recorded now and accepted (the
+    launcher: its name carries its source's digest, so a copy planted before it was ever
+    built would have to guess a future source; a state directory that never saw this
+    cache, as in a fresh test world, then costs one hash, not a compile). Without it (a
+    runsc, whose name is any version the sandbox likes) a missing record refuses.
+    """
     real = Path(os.path.realpath(path))
     try:
         entry = json.loads(_record_path(real).read_text())
     except FileNotFoundError:
+        if first_use:
+            try:
+                record(real)
+            except OSError as exc:
+                return f"{real} cannot be recorded ({exc.strerror})"
+            return None
         return f"{real} has no recorded digest (stockade did not build or fetch it)"
     except (OSError, ValueError):
         return f"{real}: its digest record cannot be read"

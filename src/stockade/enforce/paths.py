@@ -344,6 +344,33 @@ def _core_worktree(gitdir: Path) -> Path | None:
     return None
 
 
+def _hooks_path(gitdir: Path, top: Path | None) -> Path | None:
+    """``core.hooksPath`` of ``gitdir/config``, resolved (relative to the worktree
+    ``top``, where git runs hooks), or None: husky and many projects point it at a
+    directory of the tree, where the sandbox could write the hooks git then runs."""
+    section = ""
+    try:
+        with open(gitdir / "config", "rb") as fh:
+            lines = fh.read(1 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    found: str | None = None
+    for line in lines:
+        text = line.strip()
+        if text.startswith("["):
+            section = text[1:].split("]", 1)[0].strip().lower()
+        elif section == "core" and "=" in text:
+            key, value = (part.strip() for part in text.split("=", 1))
+            if key.lower() == "hookspath" and value:
+                found = value.strip('"')  # the last one wins, as in git
+    if found is None:
+        return None
+    path = Path(os.path.expanduser(found))
+    if not path.is_absolute():
+        path = (top if top is not None else gitdir) / path
+    return Path(os.path.realpath(path))
+
+
 def _refuse_missing(path: Path, what: str, roots: Iterable[Path]) -> None:
     """Refuse the run when git would follow a redirect to ``path``, which does not exist
     but lies where the sandbox can create it (a git directory it built, config and all)."""
@@ -433,6 +460,15 @@ def _git_protection(top: Path, roots: tuple[Path, ...]) -> _GitPlan:
             _protect_gitdir(gitdir, plan, roots)
     elif dotgit.is_dir():
         _protect_gitdir(dotgit, plan, roots)
+    if dotgit.is_dir() or dotgit.is_file() or dotgit.is_symlink():
+        target = dotgit if dotgit.is_dir() else _gitfile_target(dotgit)
+        hooks = _hooks_path(target, top) if target is not None else None
+        if hooks is not None and _root_of(hooks, roots) is not None:
+            # The hooks git will run, wherever core.hooksPath puts them.
+            if os.path.lexists(hooks):
+                plan.existing.append(hooks)
+            elif os.path.isdir(hooks.parent):
+                plan.dirs.append(hooks)
     return plan
 
 
@@ -474,27 +510,32 @@ def protect_paths(
     existing: list[Path] = []
     created: list[Path] = []
     pinned: list[Path] = []
-    git = workspace / ".git"
     roots = (workspace, *(Path(w) for w in writable if os.path.isdir(w)))
-    patterns = list(DEFAULT_PROTECTED) + list(extra)
-    if git.is_file() or git.is_symlink():
-        # A .git file redirects git to another directory (worktrees, submodules).
-        patterns.append(".git")
-    for pattern in patterns:
-        for path in _expand(workspace, pattern):
-            if path.is_symlink():
-                # The bind follows the link; protect what git would follow, too.
-                real = path.resolve()
-                if _is_within(real, workspace):
-                    existing.append(real)
-            existing.append(path)
-    missing_dirs = [workspace / n for n in _DIR_PLACEHOLDERS if not os.path.lexists(workspace / n)]
-    missing_files = [
-        workspace / n for n in _FILE_PLACEHOLDERS if not os.path.lexists(workspace / n)
-    ]
-    if not os.path.lexists(git):
-        missing_dirs.append(git)
-    for top in roots:
+    missing_dirs: list[Path] = []
+    missing_files: list[Path] = []
+    # Every writable root is protected like the workspace (DESIGN §6), and so is every
+    # repository found below one: git, husky, direnv, editor and agent settings there
+    # run on the host later just the same.
+    tops = list(dict.fromkeys((*roots, *nested_repositories(roots))))
+    for top in tops:
+        git = top / ".git"
+        patterns = list(DEFAULT_PROTECTED) + list(extra)
+        if git.is_file() or git.is_symlink():
+            # A .git file redirects git to another directory (worktrees, submodules).
+            patterns.append(".git")
+        for pattern in patterns:
+            for path in _expand(top, pattern):
+                if path.is_symlink():
+                    # The bind follows the link; protect what git would follow, too.
+                    real = path.resolve()
+                    if _root_of(real, roots) is not None:
+                        existing.append(real)
+                existing.append(path)
+        missing_dirs += [top / n for n in _DIR_PLACEHOLDERS if not os.path.lexists(top / n)]
+        missing_files += [top / n for n in _FILE_PLACEHOLDERS if not os.path.lexists(top / n)]
+        if not os.path.lexists(git):
+            missing_dirs.append(git)
+    for top in tops:
         found = _git_protection(top, roots)
         existing += found.existing
         missing_dirs += found.dirs
@@ -526,6 +567,15 @@ def protect_paths(
         while root is not None and parent != root and _is_within(parent, root):
             pinned.append(parent)
             parent = parent.parent
+    for root in roots[1:]:
+        if root != workspace and _is_within(workspace, root):
+            # A write grant above the workspace: the workspace and every directory
+            # between stay where they are (a renamed workspace with a fresh .git of the
+            # sandbox's in its place would be the repository the host's git uses next).
+            parent = workspace
+            while parent != root and _is_within(parent, root):
+                pinned.append(parent)
+                parent = parent.parent
     return Protection(
         existing=tuple(existing),
         pinned=tuple(sorted(set(pinned), key=lambda p: len(p.parts))),
@@ -533,6 +583,41 @@ def protect_paths(
         pending_dirs=tuple(dirs) if defer else (),
         pending_files=tuple(files) if defer else (),
     )
+
+
+#: How deep below a writable root repositories are looked for, and for how long.
+REPOSITORY_SCAN_DEPTH = 3
+REPOSITORY_SCAN_BUDGET_S = 0.2
+
+
+def nested_repositories(roots: Iterable[Path]) -> list[Path]:
+    """Directories holding a ``.git`` up to :data:`REPOSITORY_SCAN_DEPTH` levels below
+    each of ``roots`` (not the roots themselves), within :data:`REPOSITORY_SCAN_BUDGET_S`
+    in all: a write grant over ``~/src`` holds the repositories a person uses next."""
+    deadline = time.monotonic() + REPOSITORY_SCAN_BUDGET_S
+    found: list[Path] = []
+    stack: list[tuple[str, int]] = [(str(r), 0) for r in roots]
+    while stack:
+        if time.monotonic() > deadline:
+            break
+        directory, depth = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False) or entry.name in _SOCKET_SKIP:
+                    continue
+            except OSError:
+                continue
+            if entry.name == ".git":
+                continue
+            if os.path.lexists(os.path.join(entry.path, ".git")):
+                found.append(Path(entry.path))
+            if depth + 1 < REPOSITORY_SCAN_DEPTH and not entry.name.startswith("."):
+                stack.append((entry.path, depth + 1))
+    return found
 
 
 def make_placeholders(
