@@ -390,3 +390,56 @@ def test_write_grant_above_the_workspace_pins_it(world: World, kernel: None) -> 
     status = subprocess.run(["git", "-C", str(ws), "status"], capture_output=True, env=env)
     assert status.returncode == 0
     assert not marker.exists()
+
+
+# --- issue 24 item 2: git init in a workspace that is not a repository ----------------
+
+
+def test_git_init_works_and_the_host_runs_nothing_it_planted(world: World, kernel: None) -> None:
+    env = _git_env(world)
+    fsmon = world.root / "HOST-FSMONITOR"  # outside the workspace: invisible inside
+    hook = world.root / "HOST-HOOK"
+    script = (
+        "git init -q && git config user.name t && git config user.email t@t"
+        f" && git config core.fsmonitor 'touch {fsmon}'"
+        " && git config core.hooksPath .hk && mkdir -p .hk"
+        f" && printf '#!/bin/sh\\ntouch {hook}\\n' > .hk/pre-commit && chmod +x .hk/pre-commit"
+        f" && printf '#!/bin/sh\\ntouch {hook}\\n' > .git/hooks/post-commit"
+        " && chmod +x .git/hooks/post-commit"
+        " && git config remote.origin.url https://x.test/r.git"
+        " && git add README && git commit -qm inside && echo COMMITTED"
+    )
+    proc = world.stockade("run", "--", "sh", "-c", script, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "COMMITTED" in proc.stdout  # the twin: git works inside
+    assert "dropped" in proc.stderr
+    # On the host: the repository is there, with its history and its remote...
+    log = subprocess.run(
+        ["git", "-C", str(world.workspace), "log", "--format=%s"], capture_output=True, env=env
+    )
+    assert log.stdout.decode().split() == ["inside"]
+    url = subprocess.run(
+        ["git", "-C", str(world.workspace), "config", "remote.origin.url"],
+        capture_output=True,
+        env=env,
+    )
+    assert url.stdout.decode().strip() == "https://x.test/r.git"
+    # ...and nothing it planted runs.
+    for args in (["status"], ["commit", "--allow-empty", "-qm", "host"]):
+        done = subprocess.run(
+            ["git", "-C", str(world.workspace), *args], capture_output=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+    assert not fsmon.exists()
+    assert not hook.exists()
+    # From the next run on it is an existing repository, protected like any other.
+    again = world.stockade(
+        "run", "--", "sh", "-c", "git config core.fsmonitor x && echo WROTE; true", env=env
+    )
+    assert "WROTE" not in again.stdout
+
+
+def test_a_run_that_makes_no_repository_leaves_no_git_directory(world: World, kernel: None) -> None:
+    proc = world.stockade("run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert not (world.workspace / ".git").exists()

@@ -52,6 +52,9 @@ class ContainerPlan:
     launcher_binds: bool = False
     #: host file -> path inside (read-only), e.g. the launcher and the CA bundle
     files: tuple[tuple[Path, str], ...] = ()
+    #: a run's private directory -> the path it stands for inside (read-write), e.g. a
+    #: staged ``.git`` (runtime/_newrepo.py): bound after the writable paths
+    staged: tuple[tuple[Path, Path], ...] = ()
     share_net: bool = False
     #: a pid namespace etc.; False only for the "network namespace only" form used when
     #: the container layer is off but egress needs a namespace of its own
@@ -168,6 +171,8 @@ def build_argv(
         argv += ["--bind", str(plan.workspace), str(plan.workspace)]
         for path in plan.write:
             argv += ["--bind-try", str(path), str(path)]
+        for private, stands_for in plan.staged:
+            argv += ["--bind", str(private), str(stands_for)]
         if not in_launcher:
             for path in plan.pinned:
                 argv += ["--bind", str(path), str(path)]

@@ -333,6 +333,7 @@ def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.read if p.exists()]
     mounts.append(_bind(str(plan.workspace), str(plan.workspace), ro=False))
     mounts += [_bind(str(p), str(p), ro=False) for p in plan.write if p.exists()]
+    mounts += [_bind(str(host), str(inside), ro=False) for host, inside in plan.staged]
     # Pinned directories need nothing here: a rename of a bind mount point fails with
     # EBUSY in the Sentry as on the host, and every protected path is a mount below.
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.protected]

@@ -110,6 +110,23 @@ class Claim:
             )
             self._record(created)
 
+    def record_placeholder(self, path: Path) -> None:
+        """Record one placeholder this run made outside :meth:`protect` (a staged
+        ``.git`` mount point), so the last run out removes it if it is still empty."""
+        with _locked(self.registry):
+            self._record([path])
+
+    def forget_placeholder(self, path: Path) -> None:
+        """Drop ``path`` from the placeholders: it now holds real content (an adopted
+        repository) and is nobody's to remove."""
+        with _locked(self.registry):
+            shared = self.registry / _SHARED
+            try:
+                lines = shared.read_text().splitlines()
+            except FileNotFoundError:
+                return
+            shared.write_text("".join(f"{line}\n" for line in lines if line != str(path)))
+
     def _record(self, created: list[Path] | tuple[Path, ...]) -> None:
         if created:
             with (self.registry / _SHARED).open("a") as fh:

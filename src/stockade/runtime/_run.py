@@ -34,7 +34,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _host, _placeholders, _terminal
+from stockade.runtime import _host, _newrepo, _placeholders, _terminal
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -340,6 +340,7 @@ def _execute(
 
     protection = paths.Protection((), (), ())
     claim: _placeholders.Claim | None = None
+    staged: _newrepo.Staged | None = None
     returncode = 0
     timed_out = False
     stdout_data: bytes | None = None
@@ -411,9 +412,22 @@ def _execute(
                 # When the launcher binds, the placeholders are first needed once the
                 # sandbox is let go: with a handshake, they are made while bubblewrap
                 # starts (_Start.release).
-                defer = launcher_binds and handshake and os.access(workspace, os.W_OK)
+                writable_ws = os.access(workspace, os.W_OK)
+                defer = launcher_binds and handshake and writable_ws
                 protection = claim.protect(workspace, fs.protect, defer=defer, writable=fs.write)
                 guard = paths.guard_trust_roots(narrowed)
+                # No repository yet: .git is the run's own directory inside, adopted
+                # (sanitized) when the run is over, so `git init` works (_newrepo).
+                staged = _newrepo.stage(workspace, scratch.path) if writable_ws else None
+                if staged is not None:
+                    claim.record_placeholder(staged.target)
+                    protection = replace(
+                        protection,
+                        existing=tuple(p for p in protection.existing if p != staged.target),
+                        pending_dirs=tuple(
+                            p for p in protection.pending_dirs if p != staged.target
+                        ),
+                    )
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
@@ -453,6 +467,7 @@ def _execute(
                     share_net=not layers.egress,
                     cwd=cwd,
                     files=tuple(egress_plan.files) if egress_plan else (),
+                    staged=((staged.inner, staged.target),) if staged is not None else (),
                 )
                 child_env = env_plan.env
             else:
@@ -644,6 +659,8 @@ def _execute(
                     sandbox.cleanup()
                 if own_plan and egress_plan is not None:
                     egress_plan.close()
+                if staged is not None:
+                    _adopt_repository(staged, claim, audit)
     finally:
         left = claim.release() if claim is not None else []
         for path in left:
@@ -788,6 +805,46 @@ def _launcher_plan(
         drop_caps=not (layers.container or layers.egress),
         mounts=() if gvisor else tuple(bubblewrap.launcher_mounts(plan)),
     )
+
+
+def _adopt_repository(
+    staged: _newrepo.Staged, claim: _placeholders.Claim | None, audit: AuditLog
+) -> None:
+    """Adopt the repository a run made in a workspace that had none (see _newrepo)."""
+    try:
+        adopted, dropped = _newrepo.adopt(staged)
+    except OSError as exc:
+        audit.emit(
+            "layer_note",
+            layer="files",
+            verdict="report",
+            reason="path-protected",
+            detail=f"the repository the sandbox made could not be adopted: {exc}",
+            path=str(staged.target),
+        )
+        return
+    if adopted and claim is not None:
+        claim.forget_placeholder(staged.target)
+    if adopted or dropped:
+        what = "adopted into" if adopted else "not adopted (another run made one first) at"
+        audit.emit(
+            "git_repository_adopted",
+            layer="files",
+            verdict="report",
+            reason="path-protected",
+            detail=f"a repository the sandbox made was sanitized and {what} {staged.target}"
+            + (f"; dropped: {', '.join(dropped)}" if dropped else ""),
+            path=str(staged.target),
+            dropped=dropped,
+        )
+    if dropped:
+        print(
+            f"stockade: warning: the repository the sandbox made at {staged.target} had "
+            f"{len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} that would run code "
+            f"on the host; they were dropped: {', '.join(dropped[:5])}"
+            + (" ..." if len(dropped) > 5 else ""),
+            file=sys.stderr,
+        )
 
 
 def _report_nested_repositories(workspace: Path, since: float, audit: AuditLog) -> None:

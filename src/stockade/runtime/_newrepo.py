@@ -1,0 +1,219 @@
+"""A repository the sandbox creates in a workspace that has none (``git init``).
+
+A workspace that is not a repository keeps ``.git`` from being created: left free, the
+sandbox could write a ``.git/config`` whose ``core.fsmonitor`` runs on the host at the next
+``git status``. But an agent starting a project runs ``git init`` first, and ``cargo new``
+and other scaffolders do the same, so refusing breaks needed work.
+
+So ``.git`` is staged: inside the sandbox it is a private directory of the run (bound over
+the workspace's empty ``.git`` mount point), where git works as usual; the host sees an
+empty ``.git`` meanwhile, so no host git reads what the sandbox writes while it runs.
+When the run is over (every process of the sandbox gone), stockade adopts what was made:
+
+* ``config`` keeps only keys that steer no program (:data:`SAFE_KEYS`: the repository
+  format, core flags, remotes' URLs and refspecs, branches' upstreams); every other key
+  (``core.fsmonitor``, ``core.hooksPath``, filters, ``diff.external``, ``include.path``,
+  ``core.sshCommand``, aliases, ...) is dropped and named in the audit log;
+* ``hooks/`` keeps only git's ``*.sample`` files, which git never runs;
+* ``commondir``, ``config.worktree``, ``worktrees/`` and ``objects/info/alternates`` (git's
+  redirects) and any symlink at the top of the git directory are dropped;
+* submodules' git directories under ``modules/`` get the same treatment;
+
+and the result moves into the workspace's ``.git``. From the next run on it is an
+existing repository, protected like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from stockade import _roots
+from stockade._record import record
+
+#: Configuration keys a repository the sandbox made may keep (``section.key``, and for
+#: remotes and branches ``section.<name>.key``).
+SAFE_KEYS = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.filemode",
+        "core.bare",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "extensions.objectformat",
+    }
+)
+_SAFE_SUBSECTION_KEYS = {"remote": {"url", "fetch", "pushurl"}, "branch": {"remote", "merge"}}
+_REDIRECTS = ("commondir", "config.worktree", "worktrees", "objects/info/alternates")
+_MODULES_DEPTH = 8
+
+
+@record
+class Staged:
+    """A workspace ``.git`` staged for one run: the mount point and the run's directory."""
+
+    target: Path
+    inner: Path
+
+
+def stage(workspace: Path, scratch: Path) -> Staged | None:
+    """Stage ``workspace/.git`` when it is missing or an empty directory; None otherwise.
+
+    The caller binds ``inner`` read-write over ``target`` inside the sandbox, and the
+    mount point exists on the host from now on (an empty directory, as the placeholder
+    it replaces; :func:`adopt` fills it or the placeholder sweep removes it).
+    """
+    target = workspace / ".git"
+    try:
+        if os.path.lexists(target):
+            if target.is_symlink() or not target.is_dir() or any(os.scandir(target)):
+                return None
+        else:
+            os.mkdir(target, 0o755)
+    except OSError:
+        return None
+    inner = scratch / "new-git"
+    inner.mkdir(mode=0o700)
+    return Staged(target, inner)
+
+
+def _safe(key: str) -> bool:
+    if key in SAFE_KEYS:
+        return True
+    section, _, rest = key.partition(".")
+    name, _, leaf = rest.rpartition(".")
+    return bool(name) and leaf in _SAFE_SUBSECTION_KEYS.get(section, ())
+
+
+def _quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _read_config(path: Path) -> list[tuple[str, str]] | None:
+    """``(key, value)`` entries of a git config file, parsed by git itself (no include
+    is followed with ``--file``); None when it cannot be parsed."""
+    git = shutil.which("git", path=_roots.HOST_PATH)
+    if git is None:
+        return None
+    env = {**_roots.host_environment(), "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+    try:
+        out = subprocess.run(
+            [git, "config", "--file", str(path), "--list", "-z"],
+            capture_output=True,
+            env=env,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    entries = []
+    for item in out.stdout.decode(errors="surrogateescape").split("\0"):
+        if item:
+            key, _, value = item.partition("\n")
+            entries.append((key, value))
+    return entries
+
+
+def _write_config(path: Path, entries: list[tuple[str, str]]) -> None:
+    sections: dict[str, list[tuple[str, str]]] = {}
+    for key, value in entries:
+        section, _, rest = key.partition(".")
+        name, _, leaf = rest.rpartition(".")
+        header = f'[{section} "{name}"]' if name else f"[{section}]"
+        sections.setdefault(header, []).append((leaf, value))
+    text = "".join(
+        header + "\n" + "".join(f"\t{leaf} = {_quote(value)}\n" for leaf, value in keys)
+        for header, keys in sections.items()
+    )
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
+
+
+def sanitize(gitdir: Path, dropped: list[str], prefix: str = "", depth: int = 0) -> None:
+    """Make ``gitdir`` a git directory whose use by host git runs nothing the sandbox
+    chose (see the module docstring); append what was dropped to ``dropped``."""
+    for entry in list(os.scandir(gitdir)):
+        if entry.is_symlink():
+            dropped.append(f"{prefix}{entry.name} (a symlink)")
+            os.unlink(entry.path)
+    for rel in _REDIRECTS:
+        path = gitdir / rel
+        if os.path.lexists(path):
+            dropped.append(prefix + rel)
+            _remove(path)
+    config = gitdir / "config"
+    if os.path.lexists(config):
+        entries = _read_config(config) if config.is_file() else None
+        if entries is None:
+            dropped.append(f"{prefix}config (unreadable: replaced)")
+            entries = [("core.repositoryformatversion", "0"), ("core.bare", "false")]
+        kept = [(k, v) for k, v in entries if _safe(k)]
+        dropped += [f"{prefix}config: {k}" for k, _ in entries if not _safe(k)]
+        _write_config(config, kept)
+    hooks = gitdir / "hooks"
+    if hooks.is_dir():
+        for entry in list(os.scandir(hooks)):
+            if not (entry.name.endswith(".sample") and entry.is_file(follow_symlinks=False)):
+                dropped.append(f"{prefix}hooks/{entry.name}")
+                _remove(Path(entry.path))
+    modules = gitdir / "modules"
+    if modules.is_dir() and depth < _MODULES_DEPTH:
+        for sub in _git_dirs(modules):
+            sanitize(sub, dropped, f"{prefix}{sub.relative_to(gitdir)}/", depth + 1)
+
+
+def _git_dirs(modules: Path) -> list[Path]:
+    out: list[Path] = []
+    stack = [modules]
+    while stack:
+        directory = stack.pop()
+        for entry in os.scandir(directory):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            sub = Path(entry.path)
+            if (sub / "HEAD").exists() or (sub / "config").exists():
+                out.append(sub)
+            else:
+                stack.append(sub)
+    return out
+
+
+def adopt(staged: Staged) -> tuple[bool, list[str]]:
+    """Sanitize what the run made in ``staged.inner`` and move it into the workspace's
+    ``.git``. Returns (adopted, dropped): nothing is adopted when the run made nothing,
+    or when the workspace's ``.git`` is no longer empty (another run adopted first)."""
+    try:
+        made = list(os.scandir(staged.inner))
+    except OSError:
+        return False, []
+    if not made:
+        return False, []
+    dropped: list[str] = []
+    sanitize(staged.inner, dropped)
+    target = staged.target
+    try:
+        if target.is_symlink() or not target.is_dir() or any(os.scandir(target)):
+            return False, dropped
+    except OSError:
+        return False, dropped
+    for entry in os.scandir(staged.inner):
+        shutil.move(entry.path, target / entry.name)
+    return True, dropped
