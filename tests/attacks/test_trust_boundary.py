@@ -443,3 +443,130 @@ def test_a_run_that_makes_no_repository_leaves_no_git_directory(world: World, ke
     proc = world.stockade("run", "--", "true")
     assert proc.returncode == 0, proc.stderr
     assert not (world.workspace / ".git").exists()
+
+
+# --- issue 24 item 3: stockade init, then a plain run --------------------------------
+
+
+def test_init_then_run_works(world: World, kernel: None) -> None:
+    (world.workspace / "package.json").write_text("{}")
+    done = world.stockade("init")
+    assert done.returncode == 0, done.stderr
+    assert "trusted it" in done.stderr
+    proc = world.stockade("run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert "trusted (pinned" in world.stockade("check").stdout
+    # The twin: with --no-trust it is written, says so, and may only tighten.
+    (world.workspace / "stockade.toml").unlink()
+    assert world.stockade("trust", "--revoke", "stockade.toml").returncode == 0
+    done = world.stockade("init", "--no-trust")
+    assert done.returncode == 0, done.stderr
+    assert "not trusted" in done.stderr
+    assert world.stockade("run", "--", "true").returncode == 125
+
+
+# --- the same holes under gVisor and as uid 65534 ------------------------------------
+
+
+def test_gvisor_cache_in_workspace_and_write_granted_repo(world: World, runsc: str) -> None:
+    env = dict(_cache_in_workspace(world), STOCKADE_RUNSC=runsc)
+    first = world.stockade("run", "--backend", "gvisor", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    genv = _git_env(world)
+    repo = world.root / "other"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, env=genv)
+    p = world.root / "p.toml"
+    p.write_text(f'[filesystem]\nwrite = ["{repo}"]\n')
+    attack = world.stockade(
+        "run",
+        "--backend",
+        "gvisor",
+        "--policy",
+        str(p),
+        "--",
+        "sh",
+        "-c",
+        "for f in .cache/stockade/launcher-*; do echo x > $f && echo WROTE; done;"
+        f" mkdir -p {repo}/.husky && echo x > {repo}/.husky/pre-commit && echo HUSKY;"
+        f" echo x > {repo}/.git/hooks/pre-commit && echo HOOK;"
+        f" echo code > {repo}/main.py && echo TWIN; true",
+        env=env,
+    )
+    assert attack.returncode == 0, attack.stderr
+    assert "TWIN" in attack.stdout
+    for word in ("WROTE", "HUSKY", "HOOK"):
+        assert word not in attack.stdout, attack.stdout
+
+
+def test_gvisor_git_init_is_adopted_sanitized(world: World, runsc: str) -> None:
+    env = dict(_git_env(world), STOCKADE_RUNSC=runsc)
+    fsmon = world.root / "HOST-FSMONITOR"
+    proc = world.stockade(
+        "run",
+        "--backend",
+        "gvisor",
+        "--",
+        "sh",
+        "-c",
+        f"git init -q && git config core.fsmonitor 'touch {fsmon}' && echo OK",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "OK" in proc.stdout
+    status = subprocess.run(
+        ["git", "-C", str(world.workspace), "status"], capture_output=True, env=env
+    )
+    assert status.returncode == 0, status.stderr
+    assert not fsmon.exists()
+
+
+def test_nobody_git_init_and_config_under_a_grant(world: World, kernel: None) -> None:
+    world.env.update(_git_env(world))
+    config = world.root / "config"
+    (config / "stockade").mkdir(parents=True)
+    p = world.root / "p.toml"
+    p.write_text(f'[filesystem]\nwrite = ["{config}"]\n')
+    fsmon = world.root / "HOST-FSMONITOR"
+    proc = as_nobody(
+        world,
+        "run",
+        "--policy",
+        str(p),
+        "--",
+        "sh",
+        "-c",
+        f"git init -q && git config core.fsmonitor 'touch {fsmon}' && echo OK;"
+        f" echo x > {config}/stockade/policy.toml && echo WROTE;"
+        f" echo x > {config}/other && echo TWIN; true",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "OK" in proc.stdout
+    assert "TWIN" in proc.stdout
+    assert "WROTE" not in proc.stdout
+    assert "core.fsmonitor" in proc.stderr  # named as dropped
+    cfg = (world.workspace / ".git" / "config").read_text()
+    assert "fsmonitor" not in cfg
+
+
+def test_a_bwrap_the_sandbox_can_write_is_never_run(world: World, kernel: None) -> None:
+    # A PATH that starts with the workspace's own bin directory (an activated .venv).
+    venv_bin = world.workspace / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    marker = world.root / "FAKE-BWRAP-RAN"
+    fake = venv_bin / "bwrap"
+    fake.write_text(f'#!/bin/sh\ntouch {marker}\nexec /usr/bin/bwrap "$@"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in world.env.items() if k != "STOCKADE_BWRAP"}
+    env["PATH"] = f"{venv_bin}:{env.get('PATH', '/usr/bin:/bin')}"
+    proc = world.stockade("run", "--", "true", env=env, cwd=world.workspace / ".venv")
+    assert proc.returncode == 125
+    assert not marker.exists()
+    other = world.stockade(
+        "run", "--workspace", str(world.workspace), "--", "true", env=env, cwd=world.home
+    )
+    assert other.returncode == 125, other.stderr
+    assert "which the sandbox can write" in other.stderr
+    assert not marker.exists()
+    # The twin: the system's bwrap on the same PATH, minus the planted one, runs.
+    fake.unlink()
+    assert world.stockade("run", "--", "true", env=env).returncode == 0

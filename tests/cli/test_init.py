@@ -16,6 +16,8 @@ from stockade.policy import load_policy, parse_policy_text
 
 def init(ws: Path, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
+    # init pins what it writes (stockade trust) in stockade's state: a private one here.
+    env["XDG_STATE_HOME"] = str((home or ws.parent / f"{ws.name}-home") / ".local" / "state")
     if home is not None:
         env["XDG_CONFIG_HOME"] = str(home / ".config")
     return subprocess.run(
@@ -77,7 +79,7 @@ def test_empty_workspace_lists_presets_and_loads_as_workspace_policy(
     ws = tmp_path / "ws"
     ws.mkdir()
     home = tmp_path / "home"
-    assert init(ws, home=home).returncode == 0
+    assert init(ws, "--no-trust", home=home).returncode == 0
     text = (ws / "stockade.toml").read_text()
     assert "use = []" in text
     assert "python: PyPI" in text

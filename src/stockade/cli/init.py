@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--print", action="store_true", dest="print_", help="print the policy instead of writing it"
     )
+    parser.add_argument(
+        "--no-trust",
+        action="store_true",
+        help="do not pin the written file with stockade trust (it may then only tighten)",
+    )
 
 
 def _git_dir(workspace: Path) -> Path | None:
@@ -136,11 +141,13 @@ def starter_policy(workspace: Path) -> str:
         "# built-in default (workspace read-write, system read-only, no network).",
         "#",
         "# A workspace policy can only TIGHTEN the user policy: the sandbox can write the",
-        "# workspace, so nothing written here is trusted to widen what the user allows.",
-        "# The presets and hosts below therefore work in one of two ways:",
-        "#   - trust this file explicitly:   stockade run --policy stockade.toml -- CMD",
-        "#   - or copy them into ~/.config/stockade/policy.toml (then this file may keep them).",
-        "# 'stockade check' prints the effective policy; docs/policy.md lists every key.",
+        "# workspace, and a cloned repository brings its own file, so nothing written here",
+        "# is trusted to widen what the user allows until you pin it. 'stockade init'",
+        "# pinned this file for you (stockade trust: by its SHA-256, in stockade's state).",
+        "# Any change to it lapses the pin: review it, then run 'stockade trust' again.",
+        "# (Or use it explicitly:   stockade run --policy stockade.toml -- CMD.)",
+        "# 'stockade check' prints the effective policy and whether this file is trusted;",
+        "# docs/policy.md lists every key.",
         "",
         "version = 1  # the policy schema version",
         "",
@@ -218,9 +225,22 @@ def execute(args: argparse.Namespace) -> int:
         return 125
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    if args.no_trust:
+        print(
+            f"stockade init: wrote {target} (not trusted: it may only tighten your policy); "
+            f"review it, then 'stockade trust {target}' lets plain 'stockade run' use it",
+            file=sys.stderr,
+        )
+        return 0
+    # The person ran init and stockade wrote these bytes on the host: pinning them is
+    # what makes the file work in the plain 'stockade run -- CMD' that follows.
+    from stockade.policy._trust import TrustStore
+
+    TrustStore().add(target, text.encode("utf-8"))
     print(
-        f"stockade init: wrote {target}; check it with 'stockade check {target}', "
-        f"use it with 'stockade run --policy {target} -- CMD'",
+        f"stockade init: wrote {target} and trusted it (stockade trust): 'stockade run -- CMD' "
+        f"in {workspace} now uses it; 'stockade check' shows the effective policy; any "
+        "change to the file lapses the trust until you run 'stockade trust' again",
         file=sys.stderr,
     )
     return 0

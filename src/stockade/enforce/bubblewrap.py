@@ -207,26 +207,11 @@ def environment_fd(env: Mapping[str, str]) -> int:
     policy sets for the command (``LD_PRELOAD`` included) takes effect inside only.
     ``/proc/1/environ`` inside is the memory bwrap started with: the host environment.
     """
-    import fcntl
+    from stockade._memfd import sealed_memfd
 
     parts = [b"--clearenv"]
     for name, value in env.items():
         if not name or "=" in name or "\0" in name or "\0" in value:
             raise ValueError(f"environment variable {name!r} cannot be passed to bwrap")
         parts += [b"--setenv", os.fsencode(name), os.fsencode(value)]
-    data = b"\0".join(parts) + b"\0"
-    fd = os.memfd_create("stockade-env", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        fcntl.fcntl(
-            fd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return sealed_memfd("stockade-env", b"\0".join(parts) + b"\0")

@@ -22,13 +22,12 @@ This module is stdlib-only and imports nothing heavy: it runs on every ``stockad
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import os
 from pathlib import Path
 
 from stockade import _build
 from stockade._hash import sha256_hex
+from stockade._memfd import sealed_memfd
 from stockade._record import record
 
 __all__ = [
@@ -189,18 +188,5 @@ def prepare(spec: LauncherSpec) -> tuple[list[str], int]:
     """
     binary = build_launcher()
     data = serialize(spec)
-    fd = os.memfd_create("stockade-spec", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        fcntl.fcntl(
-            fd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = sealed_memfd("stockade-spec", data)
     return [str(binary), str(fd), "--"], fd

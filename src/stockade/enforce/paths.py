@@ -323,31 +323,10 @@ def _commondir(gitdir: Path) -> Path | None:
     return (gitdir / text).resolve() if text else None
 
 
-def _core_worktree(gitdir: Path) -> Path | None:
-    """``core.worktree`` of ``gitdir/config`` (git sets it in a submodule's git directory,
-    relative to it), resolved; None without one. A plain reading of the protected file:
-    git itself is not run on a repository the sandbox may have written."""
-    section = ""
-    try:
-        with open(gitdir / "config", "rb") as fh:
-            lines = fh.read(1 << 20).decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        text = line.strip()
-        if text.startswith("["):
-            section = text[1:].split("]", 1)[0].strip().lower()
-        elif section == "core" and "=" in text:
-            key, value = (part.strip() for part in text.split("=", 1))
-            if key.lower() == "worktree" and value:
-                return (gitdir / value.strip('"')).resolve()
-    return None
-
-
-def _hooks_path(gitdir: Path, top: Path | None) -> Path | None:
-    """``core.hooksPath`` of ``gitdir/config``, resolved (relative to the worktree
-    ``top``, where git runs hooks), or None: husky and many projects point it at a
-    directory of the tree, where the sandbox could write the hooks git then runs."""
+def _config_value(gitdir: Path, section_name: str, key_name: str) -> str | None:
+    """The last value of ``section.key`` in ``gitdir/config`` (``[section]`` tables only),
+    by a plain reading of the protected file: git itself is not run on a repository the
+    sandbox may have written."""
     section = ""
     try:
         with open(gitdir / "config", "rb") as fh:
@@ -359,10 +338,25 @@ def _hooks_path(gitdir: Path, top: Path | None) -> Path | None:
         text = line.strip()
         if text.startswith("["):
             section = text[1:].split("]", 1)[0].strip().lower()
-        elif section == "core" and "=" in text:
+        elif section == section_name and "=" in text:
             key, value = (part.strip() for part in text.split("=", 1))
-            if key.lower() == "hookspath" and value:
+            if key.lower() == key_name and value:
                 found = value.strip('"')  # the last one wins, as in git
+    return found
+
+
+def _core_worktree(gitdir: Path) -> Path | None:
+    """``core.worktree`` of ``gitdir/config`` (git sets it in a submodule's git directory,
+    relative to it), resolved; None without one."""
+    value = _config_value(gitdir, "core", "worktree")
+    return (gitdir / value).resolve() if value else None
+
+
+def _hooks_path(gitdir: Path, top: Path | None) -> Path | None:
+    """``core.hooksPath`` of ``gitdir/config``, resolved (relative to the worktree
+    ``top``, where git runs hooks), or None: husky and many projects point it at a
+    directory of the tree, where the sandbox could write the hooks git then runs."""
+    found = _config_value(gitdir, "core", "hookspath")
     if found is None:
         return None
     path = Path(os.path.expanduser(found))

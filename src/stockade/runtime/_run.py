@@ -270,6 +270,7 @@ def execute(request: RunRequest) -> RunResult:
 
         # Missing or too old: Unavailable (exit 125), never a fallback to bubblewrap.
         runsc = gvisor.require_runsc()
+    _refuse_writable_tools(policy, bwrap, runsc.path if runsc is not None else None)
     run_id = os.urandom(6).hex()  # uuid would cost ~10 ms of imports per run
     audit_path = request.audit_path
     if audit_path is None and request.audit_to_file:
@@ -282,6 +283,24 @@ def execute(request: RunRequest) -> RunResult:
         return _execute(request, policy, bwrap, audit, started, runsc)
     finally:
         audit.close()
+
+
+def _refuse_writable_tools(policy: Policy, *tools: str | Path | None) -> None:
+    """Refuse to start a host-side tool (bwrap, runsc) that lies where this run's
+    sandbox can write: found on a PATH that holds the workspace's ``.venv/bin`` or
+    ``node_modules/.bin``, the next run would execute what this one wrote, on the host."""
+    fs = policy.filesystem
+    writable = (fs.workspace, *fs.write)
+    for tool in tools:
+        if tool is None:
+            continue
+        root = _roots.writable_root(Path(tool), writable)
+        if root is not None:
+            raise SandboxError(
+                f"{tool} lies inside {root}, which the sandbox can write, and runs on the "
+                "host; install it system-wide, or name one outside every writable path "
+                "(STOCKADE_BWRAP, STOCKADE_RUNSC)"
+            )
 
 
 def _execute(
