@@ -45,7 +45,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "names passed through from the caller; a credential-like name needs "
             '{ name = "X", allow_secret = true }',
         ),
-        "set": Key("str_map", "{}", "names set to fixed values"),
+        "set": Key(
+            "str_map",
+            "{}",
+            "names set to fixed values, for the command inside only (never a host-side process); a workspace file may repeat the user policy's values, never add or change one (stockade trust lets a pinned file)",
+        ),
     },
     "network": {
         "allow": Key(
