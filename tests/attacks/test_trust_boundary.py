@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -570,3 +571,44 @@ def test_a_bwrap_the_sandbox_can_write_is_never_run(world: World, kernel: None) 
     # The twin: the system's bwrap on the same PATH, minus the planted one, runs.
     fake.unlink()
     assert world.stockade("run", "--", "true", env=env).returncode == 0
+
+
+def test_concurrent_runs_in_a_workspace_without_a_repository(world: World, kernel: None) -> None:
+    env = _git_env(world)
+    slow = subprocess.Popen(
+        [
+            *world.command,
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "git init -q && touch STARTED && while [ ! -e GO ]; do sleep 0.05; done",
+        ],
+        cwd=world.workspace,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = 60.0
+        t0 = time.monotonic()
+        while not (world.workspace / "STARTED").exists():
+            assert time.monotonic() - t0 < deadline, "the first run never started"
+            assert slow.poll() is None, slow.communicate()
+            time.sleep(0.05)
+        # A second run while the first holds the staged .git: it starts, and makes one too.
+        second = world.stockade("run", "--", "sh", "-c", "git init -q && echo SECOND", env=env)
+        assert second.returncode == 0, second.stderr
+        assert "SECOND" in second.stdout
+        (world.workspace / "GO").touch()
+        _out, err = slow.communicate(timeout=60)
+        assert slow.returncode == 0, err
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+    # One repository adopted, the other kept in stockade's state: neither lost.
+    assert (world.workspace / ".git" / "HEAD").exists()
+    kept = list((world.root / "state" / "stockade" / "repositories").iterdir())
+    assert len(kept) == 1
+    assert (kept[0] / "HEAD").exists()

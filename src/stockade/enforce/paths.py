@@ -452,7 +452,10 @@ def _git_protection(top: Path, roots: tuple[Path, ...]) -> _GitPlan:
             _protect_gitdir(gitdir_common, plan, roots)
         if gitdir.is_dir():
             _protect_gitdir(gitdir, plan, roots)
-    elif dotgit.is_dir():
+    elif dotgit.is_dir() and not _empty_dir(dotgit):
+        # (An empty .git is no repository yet but the mount point of a run that staged
+        # one, runtime/_newrepo.py: placeholders inside would be what the host's .git
+        # then holds, and the staging run could not adopt its repository into it.)
         _protect_gitdir(dotgit, plan, roots)
     if dotgit.is_dir() or dotgit.is_file() or dotgit.is_symlink():
         target = dotgit if dotgit.is_dir() else _gitfile_target(dotgit)
@@ -464,6 +467,14 @@ def _git_protection(top: Path, roots: tuple[Path, ...]) -> _GitPlan:
             elif os.path.isdir(hooks.parent):
                 plan.dirs.append(hooks)
     return plan
+
+
+def _empty_dir(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _outermost(paths: Iterable[Path], dirs: Iterable[Path]) -> list[Path]:

@@ -217,3 +217,24 @@ def adopt(staged: Staged) -> tuple[bool, list[str]]:
     for entry in os.scandir(staged.inner):
         shutil.move(entry.path, target / entry.name)
     return True, dropped
+
+
+def made_any(staged: Staged) -> bool:
+    """Whether the run left anything in its staged directory."""
+    try:
+        with os.scandir(staged.inner) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False
+
+
+def keep_aside(staged: Staged, run_id: str) -> Path | None:
+    """Move a sanitized repository that could not be adopted into stockade's state
+    (``repositories/<run id>``); its path, or None when that fails too."""
+    target = _roots.state_dir() / "repositories" / run_id
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.move(str(staged.inner), target)
+    except OSError:
+        return None
+    return target

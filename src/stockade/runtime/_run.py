@@ -440,13 +440,7 @@ def _execute(
                 staged = _newrepo.stage(workspace, scratch.path) if writable_ws else None
                 if staged is not None:
                     claim.record_placeholder(staged.target)
-                    protection = replace(
-                        protection,
-                        existing=tuple(p for p in protection.existing if p != staged.target),
-                        pending_dirs=tuple(
-                            p for p in protection.pending_dirs if p != staged.target
-                        ),
-                    )
+                    protection = _without(protection, staged.target)
                 sockets, complete = paths.workspace_sockets(workspace)
                 for sock in sockets:
                     audit.emit(
@@ -826,6 +820,22 @@ def _launcher_plan(
     )
 
 
+def _without(protection: paths.Protection, top: Path) -> paths.Protection:
+    """``protection`` less everything at or below ``top`` (a staged ``.git``: inside it
+    is the run's own directory, not the host's)."""
+
+    def keep(items: tuple[Path, ...]) -> tuple[Path, ...]:
+        return tuple(p for p in items if not (p == top or top in p.parents))
+
+    return replace(
+        protection,
+        existing=keep(protection.existing),
+        pinned=keep(protection.pinned),
+        pending_dirs=keep(protection.pending_dirs),
+        pending_files=keep(protection.pending_files),
+    )
+
+
 def _adopt_repository(
     staged: _newrepo.Staged, claim: _placeholders.Claim | None, audit: AuditLog
 ) -> None:
@@ -842,16 +852,25 @@ def _adopt_repository(
             path=str(staged.target),
         )
         return
+    kept = None
     if adopted and claim is not None:
         claim.forget_placeholder(staged.target)
-    if adopted or dropped:
-        what = "adopted into" if adopted else "not adopted (another run made one first) at"
+    elif not adopted and _newrepo.made_any(staged):
+        # Another run of the workspace adopted its repository first: this one is kept
+        # in stockade's state, never lost, and never put where the host's git runs it.
+        kept = _newrepo.keep_aside(staged, audit.run_id)
+    if adopted or kept is not None:
+        what = (
+            f"adopted into {staged.target}"
+            if adopted
+            else f"kept at {kept} (another run of the workspace made {staged.target} first)"
+        )
         audit.emit(
             "git_repository_adopted",
             layer="files",
             verdict="report",
             reason="path-protected",
-            detail=f"a repository the sandbox made was sanitized and {what} {staged.target}"
+            detail=f"a repository the sandbox made was sanitized and {what}"
             + (f"; dropped: {', '.join(dropped)}" if dropped else ""),
             path=str(staged.target),
             dropped=dropped,
