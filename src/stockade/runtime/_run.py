@@ -34,7 +34,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _host, _newrepo, _placeholders, _terminal
+from stockade.runtime import _audit_guard, _host, _newrepo, _placeholders, _terminal
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -274,7 +274,11 @@ def execute(request: RunRequest) -> RunResult:
     audit_path = request.audit_path
     if audit_path is None and request.audit_to_file:
         audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
+    if audit_path is not None:
+        _audit_guard.refuse_reachable(audit_path, policy, explicit=request.audit_path is not None)
     audit = AuditLog(run_id, audit_path)
+    if audit_path is not None:
+        _audit_guard.refuse_linked(audit)
     if request.on_event is not None:
         audit.subscribe(request.on_event)
     started = time.monotonic()
@@ -282,6 +286,7 @@ def execute(request: RunRequest) -> RunResult:
         return _execute(request, policy, bwrap, audit, started, runsc)
     finally:
         audit.close()
+        _audit_guard.record_head(audit)
 
 
 def _execute(
