@@ -155,6 +155,7 @@ def test_a_workspace_or_granted_audit_path_is_refused_and_where_to_put_it(
         "workspace": world.workspace / "logs" / "audit.jsonl",
         "write grant": grant / "audit.jsonl",
         "symlink in the workspace": world.workspace / "link" / "audit.jsonl",
+        "run scratch": Path(world.env.get("TMPDIR") or "/tmp") / "stockade-1-0badf00d" / "a",
     }
     for name, path in refused.items():
         proc = stockade(
@@ -162,7 +163,7 @@ def test_a_workspace_or_granted_audit_path_is_refused_and_where_to_put_it(
         )
         assert proc.returncode == 125, (name, proc.stderr)
         assert f"audit log {path} lies inside" in proc.stderr, (name, proc.stderr)
-        assert "which the sandbox can write" in proc.stderr, (name, proc.stderr)
+        assert "sandbox can write" in proc.stderr, (name, proc.stderr)
         assert f"default per-run file under {runs_dir(world)}" in proc.stderr, name
         assert not path.exists(), name
     # A file with a second name in the workspace: the sandbox reaches it through that.
@@ -280,3 +281,43 @@ def test_a_log_swapped_during_the_run_is_said_and_fails_verify(world: World) -> 
     assert "now names another file" in kept[-1]["log_replaced"]
     result = verify(genuine)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_log_without_its_record_says_authorship_cannot_be_checked(world: World) -> None:
+    audit = world.root / "audit.jsonl"
+    proc = world.stockade("run", "--audit", str(audit), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    n = len(audit.read_text().splitlines())
+    # Verified where its record is not (another user's state, another machine).
+    elsewhere = dict(world.env, XDG_STATE_HOME=str(world.root / "other-state"))
+    result = world.stockade("log", "--verify", str(audit), env=elsewhere)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stdout == f"{audit}: ok: 1 runs, {n} events, chains intact\n"
+    assert f"{audit}: authorship cannot be checked: no run record for run " in result.stderr
+    assert str(world.root / "other-state" / "stockade" / "records") in result.stderr
+    # The twin: with its record, the same file is stockade's (exit 0).
+    assert world.stockade("log", "--verify", str(audit)).returncode == 0
+    # A broken chain still fails (1), record or not.
+    audit.write_bytes(audit.read_bytes()[:-5])
+    assert world.stockade("log", "--verify", str(audit), env=elsewhere).returncode == 1
+
+
+def test_under_gvisor_the_same_refusal_and_the_same_record(world: World, runsc: str) -> None:
+    world.env["STOCKADE_RUNSC"] = runsc
+    with_denial(world)
+    inside = world.workspace / "audit.jsonl"
+    proc = world.stockade("run", "--backend", "gvisor", "--audit", str(inside), "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert f"audit log {inside} lies inside {world.workspace}" in proc.stderr
+    assert not inside.exists()
+    audit = world.root / "audit.jsonl"
+    proc = world.stockade("run", "--backend", "gvisor", "--audit", str(audit), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert "denied 1" in proc.stderr
+    (record,) = records(world)
+    assert record["events"] == len(audit.read_text().splitlines())
+    assert world.stockade("log", "--verify", str(audit)).returncode == 0
+    subprocess.run([sys.executable, "-c", FORGE, str(audit), str(world.root / "m")], check=True)
+    forged = world.stockade("log", "--verify", str(audit))
+    assert forged.returncode == 1, forged.stdout
+    assert "stockade's run record says it wrote" in forged.stdout

@@ -2,7 +2,8 @@
 
 The order matters and is the same every time: check that every layer the policy asks
 for can be applied (refuse otherwise: fail closed), open the audit log (refuse if it
-cannot be written: never run unaudited), plan the mounts, environment and launcher,
+cannot be written, never run unaudited; or if the sandbox could write it: see
+:mod:`._audit_guard`), plan the mounts, environment and launcher,
 start the egress proxy if the policy allows any host, spawn bubblewrap, relay the
 terminal, wait (killing the whole tree on timeout), clean up and audit the end.
 """
