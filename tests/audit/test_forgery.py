@@ -321,3 +321,20 @@ def test_under_gvisor_the_same_refusal_and_the_same_record(world: World, runsc: 
     forged = world.stockade("log", "--verify", str(audit))
     assert forged.returncode == 1, forged.stdout
     assert "stockade's run record says it wrote" in forged.stdout
+
+
+def test_the_mcp_server_refuses_a_workspace_audit_path(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stockade import SandboxError
+    from stockade.mcp._server import build_server
+    from stockade.policy import load_policy
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(world.root / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(world.root / "config"))
+    policy = load_policy(workspace=world.workspace)
+    inside = world.workspace / "mcp.jsonl"
+    with pytest.raises(SandboxError, match=r"lies inside .*which the sandbox can write"):
+        build_server(policy, audit=inside)
+    assert not inside.exists()
+    build_server(policy, audit=world.root / "mcp.jsonl")  # the twin: beside it, accepted
