@@ -338,3 +338,28 @@ def test_the_mcp_server_refuses_a_workspace_audit_path(
         build_server(policy, audit=inside)
     assert not inside.exists()
     build_server(policy, audit=world.root / "mcp.jsonl")  # the twin: beside it, accepted
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_state_inside_the_workspace_keeps_the_default_log_out_of_reach(
+    world: World, who: str
+) -> None:
+    # stockade's state is a trust root, read-only inside every sandbox wherever it lies:
+    # the default per-run log there is accepted, and the sandbox cannot append to it.
+    state = world.workspace / ".state"
+    world.env["XDG_STATE_HOME"] = str(state)
+    runs = state / "stockade" / "runs"
+    script = f'for f in {runs}/*.jsonl; do echo forged >> "$f" && echo WROTE; done; true'
+    proc = stockade(world, who, "run", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "WROTE" not in proc.stdout, proc.stdout
+    assert "Read-only file system" in proc.stderr, proc.stderr  # it tried, on the real log
+    (log,) = runs.glob("*.jsonl")
+    assert "forged" not in log.read_text().splitlines()
+    ok = stockade(world, who, "log", "--verify", str(log))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # The twin: a log beside the state, in the workspace, is still refused.
+    beside = state / "audit.jsonl"
+    refused = stockade(world, who, "run", "--audit", str(beside), "--", "true")
+    assert refused.returncode == 125, refused.stderr
+    assert f"audit log {beside} lies inside {world.workspace}" in refused.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade._reach import is_scratch_name, sandbox_writable
+from stockade._roots import is_scratch_name, sandbox_writable
 from stockade.audit import AuditLog
 from stockade.audit._chain import line_hash
 from stockade.audit._record import Head, load_records, write_record
@@ -45,6 +45,15 @@ def test_sandbox_writable_workspace_grants_scratch_and_links(tmp_path: Path) -> 
     assert sandbox_writable(tmp_path / "ws2" / "a.jsonl", roots, scratch=scratch) is None
     assert sandbox_writable(scratch / "stockade-world-x" / "a", roots, scratch=scratch) is None
     assert sandbox_writable(scratch / "a.jsonl", roots, scratch=scratch) is None
+    # stockade's own state inside the workspace is read-only in every sandbox (a trust
+    # root): a log there is out of reach; beside it in the workspace, or through a
+    # symlink the sandbox could repoint, it is not.
+    env = {"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(ws / ".state")}
+    runs = ws / ".state" / "stockade" / "runs"
+    assert sandbox_writable(runs / "a.jsonl", roots, scratch=scratch, env=env) is None
+    assert sandbox_writable(ws / ".state" / "a.jsonl", roots, scratch=scratch, env=env)
+    (ws / "to-state").symlink_to(runs, target_is_directory=True)
+    assert sandbox_writable(ws / "to-state" / "a.jsonl", roots, scratch=scratch, env=env)
     assert is_scratch_name("stockade-42-deadbeef")
     assert not is_scratch_name("stockade-sandbox-x1")
     assert not is_scratch_name("stockade-world-abc")

@@ -19,21 +19,17 @@ import json
 import os
 from pathlib import Path
 
+from stockade import _roots
 from stockade._record import asdict, record
 
 #: the format of a record file (its ``version`` field)
 VERSION = 1
 
 
-def state_dir() -> Path:
-    """``$XDG_STATE_HOME/stockade`` (``~/.local/state/stockade`` when unset)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "stockade"
-
-
 def records_dir() -> Path:
-    """Where run records live: ``$XDG_STATE_HOME/stockade/records``."""
-    return state_dir() / "records"
+    """Where run records live: ``$XDG_STATE_HOME/stockade/records`` (in stockade's state,
+    a trust root: read-only inside every sandbox)."""
+    return _roots.state_dir() / "records"
 
 
 @record

@@ -4,8 +4,9 @@ A log the sandboxed command can write is the command's own account of what it di
 can read ``run_start``, write a whole consistent chain with a sealed ``run_end`` and
 rename it over the file, and the chain still verifies. So a run refuses a log path (and
 a run-record directory) that the sandbox could write, by the same rule that keeps
-``approved.toml`` out of its reach (:func:`stockade._reach.sandbox_writable`); and at the
-end it records the run's head (:mod:`stockade.audit._record`), against which
+``approved.toml`` out of its reach (:func:`stockade._roots.sandbox_writable`: the
+workspace, the write grants, a run's scratch directory, minus stockade's trust roots,
+which are read-only inside every sandbox); and at the end it records the run's head (:mod:`stockade.audit._record`), against which
 ``stockade log --verify`` tells stockade's log from anyone else's.
 """
 
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from stockade._exceptions import SandboxError
-from stockade._reach import sandbox_writable
+from stockade._roots import sandbox_writable
 from stockade.audit import AuditLog
 from stockade.audit._record import records_dir, write_record
 from stockade.policy import Policy
@@ -47,6 +48,8 @@ def refuse_reachable(path: Path, policy: Policy, *, explicit: bool) -> None:
             f"verifies); {where}"
         )
     records = records_dir()
+    # In stockade's state, a trust root (read-only inside every sandbox), so this holds
+    # by construction; checked all the same, as the record is what authenticates a log.
     why = sandbox_writable(records, roots)
     if why is not None:
         raise SandboxError(

@@ -47,9 +47,9 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def default_audit_dir() -> Path:
-    """``$XDG_STATE_HOME/stockade/runs`` (``~/.local/state`` when unset)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "stockade" / "runs"
+    """``$XDG_STATE_HOME/stockade/runs`` (``~/.local/state`` when unset or relative): in
+    stockade's state, the trust root every sandbox gets read-only."""
+    return _roots.state_dir() / "runs"
 
 
 @record(frozen=False)
@@ -173,7 +173,7 @@ def _sweep_leftovers() -> None:
 
 def _temp_base() -> Path:
     """Where scratch directories go: ``$TMPDIR``, else /tmp (tempfile costs ~10 ms)."""
-    return Path(os.environ.get("TMPDIR") or "/tmp")
+    return _roots.scratch_base()
 
 
 def _remove_tree(path: Path) -> None:

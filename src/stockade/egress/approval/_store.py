@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from stockade._exceptions import PolicyError
-from stockade._reach import sandbox_writable
+from stockade._roots import sandbox_writable
 from stockade.policy._hosts import parse_pattern
 from stockade.policy._load import approved_path, read_approved
 
@@ -37,7 +37,7 @@ _HEADER = (
 def refusal(path: Path, writable: Sequence[Path]) -> str | None:
     """Why ``path`` may not hold approvals (None: it may): it lies under a root the
     sandbox can write, the workspace first, or in a run's scratch directory
-    (:func:`stockade._reach.sandbox_writable`, the check the audit log gets too)."""
+    (:func:`stockade._roots.sandbox_writable`, the check the audit log gets too)."""
     return sandbox_writable(path, writable)
 
 
