@@ -195,15 +195,19 @@ def sandbox_writable(
     (``<scratch>/stockade-<pid>-<token>``, default :func:`scratch_base`) is writable by
     that run's sandbox: with the container layer off its HOME and TMPDIR are there.
     """
-    writable = tuple(writable)
-    protected = tuple(root.path for root in trust_roots(env))
     candidates = (Path(os.path.abspath(path)), _real(path))
-    for candidate in candidates:
-        if any(within(candidate, root) for root in protected):
-            continue
-        for root in writable:
-            for top in {Path(os.path.abspath(root)), _real(root)}:
-                if within(candidate, top):
+    tops = [(root, {Path(os.path.abspath(root)), _real(root)}) for root in writable]
+    hits = [
+        root for c in candidates for root, spellings in tops if any(within(c, t) for t in spellings)
+    ]
+    if hits:
+        # Only now the trust roots (a dozen realpath calls): most paths hit no grant.
+        protected = tuple(root.path for root in trust_roots(env))
+        for candidate in candidates:
+            if any(within(candidate, root) for root in protected):
+                continue
+            for root, spellings in tops:
+                if any(within(candidate, top) for top in spellings):
                     return f"{path} lies inside {root}, which the sandbox can write"
     base = scratch if scratch is not None else scratch_base()
     bases = {Path(os.path.abspath(base)), _real(base)}
