@@ -11,6 +11,9 @@ an environment stockade built. This module names both halves once:
   and on both backends; ``stockade check`` and the audit log say which grant was
   narrowed (:func:`narrowed`). The interception CA's directory is masked wherever the
   sandbox could see it (it holds a private key).
+* :func:`sandbox_writable`: whether a sandbox could write a path the host keeps and
+  trusts later (``approved.toml``, an audit log, the run records): the one answer to "can
+  the sandbox write here", for every such check.
 * :func:`host_environment`: the environment of bwrap, runsc, the compiler that builds the
   launcher, and any other helper stockade execs outside the sandbox. Nothing of the
   caller's environment and nothing of the policy's ``env`` reaches it: bwrap and runsc run
@@ -150,3 +153,66 @@ def narrowed(
         if hit is not None:
             out.append(Narrowed(root, hit))
     return tuple(out)
+
+
+def scratch_base() -> Path:
+    """Where runs make their scratch directories: ``$TMPDIR``, else ``/tmp``."""
+    return Path(os.environ.get("TMPDIR") or "/tmp")
+
+
+def is_scratch_name(name: str) -> bool:
+    """Whether ``name`` is a run's scratch directory name, ``stockade-<pid>-<token>``."""
+    parts = name.split("-")
+    return len(parts) == 3 and parts[0] == "stockade" and parts[1].isdigit() and bool(parts[2])
+
+
+def _scratch_dir(path: Path, bases: Iterable[Path]) -> Path | None:
+    """The run scratch directory ``path`` lies in (under one of ``bases``), if any."""
+    for base in bases:
+        if base in path.parents:
+            top = base / path.relative_to(base).parts[0]
+            if is_scratch_name(top.name):
+                return top
+    return None
+
+
+def sandbox_writable(
+    path: Path,
+    writable: Iterable[Path],
+    *,
+    scratch: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str | None:
+    """Why a sandbox whose writable roots are ``writable`` (the workspace first, then
+    each ``filesystem.write`` path) could write ``path``, a file the host trusts later;
+    ``None`` when it cannot.
+
+    ``path`` is looked at as spelt (a symlink inside the workspace can be pointed
+    elsewhere by the sandbox before the host opens the path again) and with its symlinks
+    resolved (a link outside that leads inside). Inside one of :func:`trust_roots` it is
+    out of reach whatever the grant: every sandbox gets those read-only or masked (a run
+    that cannot keep them so is refused). A run's scratch directory
+    (``<scratch>/stockade-<pid>-<token>``, default :func:`scratch_base`) is writable by
+    that run's sandbox: with the container layer off its HOME and TMPDIR are there.
+    """
+    candidates = (Path(os.path.abspath(path)), _real(path))
+    tops = [(root, {Path(os.path.abspath(root)), _real(root)}) for root in writable]
+    hits = [
+        root for c in candidates for root, spellings in tops if any(within(c, t) for t in spellings)
+    ]
+    if hits:
+        # Only now the trust roots (a dozen realpath calls): most paths hit no grant.
+        protected = tuple(root.path for root in trust_roots(env))
+        for candidate in candidates:
+            if any(within(candidate, root) for root in protected):
+                continue
+            for root, spellings in tops:
+                if any(within(candidate, top) for top in spellings):
+                    return f"{path} lies inside {root}, which the sandbox can write"
+    base = scratch if scratch is not None else scratch_base()
+    bases = {Path(os.path.abspath(base)), _real(base)}
+    for candidate in candidates:
+        found = _scratch_dir(candidate, bases)
+        if found is not None:
+            return f"{path} lies inside {found}, a run's scratch directory, which its sandbox can write"
+    return None

@@ -169,12 +169,18 @@ def _verify(*args: str, state: Path | None = None) -> subprocess.CompletedProces
 def test_verify_real_runs_then_each_tampering(kernel: None, world: World) -> None:
     path = world.root / "run.jsonl"
     argv = [*world.command, "run", "--audit", str(path), "--"]
-    # Two runs at once write one file (their lines interleave), then a third.
-    with subprocess.Popen(
-        [*argv, "sh", "-c", "sleep 1"], cwd=world.workspace, env=world.env
-    ) as slow:
-        time.sleep(0.3)
+    # Two runs at once write one file (their lines interleave), then a third. The slow
+    # one has begun (its run_start is in the file) before the quick one starts, and
+    # waits for it to finish: the interleaving holds however slow start-up is under load.
+    wait = "i=0; while [ ! -e quick-done ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    with subprocess.Popen([*argv, "sh", "-c", wait], cwd=world.workspace, env=world.env) as slow:
+        deadline = time.monotonic() + 60
+        while b"run_start" not in (path.read_bytes() if path.exists() else b""):
+            assert slow.poll() is None, "the slow run ended before it began"
+            assert time.monotonic() < deadline, "the slow run never wrote run_start"
+            time.sleep(0.05)
         quick = world.stockade("run", "--audit", str(path), "--", "true")
+        (world.workspace / "quick-done").touch()
         assert quick.returncode == 0, quick.stderr
         assert slow.wait(timeout=60) == 0
     assert world.stockade("run", "--audit", str(path), "--", "false").returncode == 1
@@ -185,7 +191,8 @@ def test_verify_real_runs_then_each_tampering(kernel: None, world: World) -> Non
     assert all(e["schema"] == 1 for e in events)
     order = [e["run_id"] for e in events]
     assert order.index(runs[1]) < max(i for i, r in enumerate(order) if r == runs[0])
-    ok = _verify(str(path))
+    # Checked against the run records the runs left in the world's state.
+    ok = _verify(str(path), state=world.root / "state")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout == f"{path}: ok: 3 runs, {len(events)} events, chains intact\n"
 

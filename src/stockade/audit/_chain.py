@@ -14,8 +14,10 @@ escapes): a line verifies only if it is byte for byte what was written.
 
 A chain shows that a log was edited, cut or reordered by someone who did not rewrite the
 hashes after the change. It cannot stop whoever holds the file from writing a whole new
-consistent run: keep the ``final`` hash of a run (the API returns it in ``run_end``)
-somewhere the sandboxed user cannot write when that matters.
+consistent run: the runtime records each run's head where the sandbox cannot write
+(:mod:`stockade.audit._record`), and ``stockade log --verify`` checks logs against it;
+beyond the machine, keep the ``final`` hash of a run (the API returns it in ``run_end``)
+somewhere the user cannot write either.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stockade._exceptions import SandboxError
-from stockade.audit import _chain
+from stockade.audit import _chain, _record
 from stockade.policy._decision import Decision
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -67,6 +67,17 @@ class AuditLog:
         self._prev: str | None = None
         self._ended = False
         self._fork_of = ""
+        self._final = ""
+        # The file as opened: stockade keeps writing to this inode; at the run's end it
+        # checks that the path still names it (a swapped file is said so, and recorded).
+        self._inode: tuple[int, int] | None = None
+        self._spelt = ""
+        #: the path with symlinks resolved, as opened (None: in memory only)
+        self.real_path: str | None = None
+        #: the file's hard links when it was opened (more than 1: another name reaches it)
+        self.links = 0
+        #: what :meth:`replaced` found when the run's end was written ("" until then)
+        self.replaced_detail = ""
         # A forked child (the run server's workers) inherits this object: its events
         # cannot continue a chain the parent goes on writing, so they start their own.
         self._forks = _forks
@@ -82,6 +93,11 @@ class AuditLog:
                     f"cannot open audit log {path}: {exc.strerror}; "
                     "choose a writable file with --audit FILE"
                 ) from exc
+            st = os.fstat(self._fd)
+            self._inode = (st.st_dev, st.st_ino)
+            self.links = st.st_nlink
+            self.real_path = os.path.realpath(path)
+            self._spelt = os.path.abspath(path)  # a later chdir does not move it
 
     def subscribe(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener`` with every event written from now on."""
@@ -120,9 +136,16 @@ class AuditLog:
             record["schema"] = _chain.SCHEMA
             record["seq"] = self._seq
             record["prev"] = self._prev if self._prev is not None else _chain.seed(record)
+            if end and self._fd >= 0:
+                replaced = self.replaced()
+                if replaced:
+                    # Written to the file stockade holds, wherever it now is; the run
+                    # record keeps it too, where the sandbox cannot reach.
+                    self.replaced_detail = record["log_replaced"] = replaced
             line = json.dumps(record, separators=(",", ":"), default=str).encode()
             if end:
                 line, record["final"] = _chain.seal(line)
+                self._final = record["final"]
                 self._ended = True
             if verdict == "deny":
                 self.denials += 1
@@ -139,6 +162,38 @@ class AuditLog:
         for listener in self._listeners:
             listener(record)
         return record
+
+    def replaced(self) -> str:
+        """What the log's path names now, when it is not the file stockade opened
+        ("" when it still is, or when there is no file)."""
+        if self._inode is None:
+            return ""
+        try:
+            st = os.stat(self._spelt)
+        except OSError as exc:
+            return f"{self.path} is gone ({exc.strerror}): the file was renamed or removed"
+        if (st.st_dev, st.st_ino) != self._inode:
+            return (
+                f"{self.path} now names another file (inode {st.st_ino}; stockade wrote "
+                f"inode {self._inode[1]}): the file was replaced"
+            )
+        return ""
+
+    def head(self) -> _record.Head | None:
+        """Where this log's chain stands: the run record kept at the run's end (None
+        for a log kept in memory, or one nothing was written to)."""
+        if self._inode is None or self.real_path is None or self._prev is None:
+            return None
+        return _record.Head(
+            run_id=self.run_id,
+            path=self.real_path,
+            dev=self._inode[0],
+            ino=self._inode[1],
+            events=self._seq,
+            head=self._prev,
+            final=self._final,
+            replaced=self.replaced_detail,
+        )
 
     def _forked(self) -> None:
         """Begin a chain of this process's own, bound to where the parent's stood."""

@@ -13,8 +13,10 @@ from stockade.audit._chain import HEX_LEN, SCHEMA, line_hash, seed, unseal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Mapping
     from pathlib import Path
+
+    from stockade.audit._record import Head
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -44,6 +46,8 @@ class Verdict:
     runs: int = 0
     events: int = 0
     problems: list[Problem] = field(default_factory=list)
+    #: per run id: how many of its events the file holds, and the hash of the last one
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -205,6 +209,8 @@ def verify_lines(lines: Iterable[bytes]) -> Verdict:
             continue
         assert run_id is not None
         verdict.events += 1
+        count = verdict.heads.get(run_id, (0, ""))[0]
+        verdict.heads[run_id] = (count + 1, parsed.hash)
         run = current.get(run_id)
         if run is None or (parsed.seq == 0 and run.restarts(parsed)):
             run = current[run_id] = _Run(run_id)
@@ -240,3 +246,77 @@ def verify_file(path: Path) -> Verdict:
     if verdict.events == 0 and not verdict.problems:
         verdict.problems.append(Problem(0, None, "no events: the log is empty"))
     return verdict
+
+
+@dataclass
+class Authorship:
+    """What :func:`authorship` found: the runs that differ from their records, and the
+    runs that have none (whose authorship cannot be checked)."""
+
+    problems: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)
+
+    @property
+    def authentic(self) -> bool:
+        """Every run of the file ends where its record says, and none is missing."""
+        return not self.problems and not self.unrecorded
+
+
+def authorship(path: Path, verdict: Verdict, records: Mapping[str, Head]) -> Authorship:
+    """Check the runs :func:`verify_file` found in ``path`` against the run records.
+
+    A run with a record must hold exactly the recorded number of events and end in the
+    recorded head (whatever the file is called now: a copy verifies as well); a run
+    stockade recorded writing to this path must be in it. A run with no record proves
+    order only, and is listed as such.
+    """
+    import os
+
+    found = Authorship()
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+        inode = (st.st_dev, st.st_ino)
+    except OSError:
+        inode = (-1, -1)
+    for run_id, (count, last) in verdict.heads.items():
+        record = records.get(run_id)
+        if record is None:
+            found.unrecorded.append(run_id)
+            continue
+        before = len(found.problems)
+        wrote = f"stockade's run record says it wrote {record.events}"
+        if count < record.events:
+            found.problems.append(
+                f"run {run_id}: {count} events, where {wrote}: the log was cut or rewritten"
+            )
+        elif count > record.events:
+            found.problems.append(
+                f"run {run_id}: {count} events, where {wrote}: events were added after "
+                "stockade's last (the log was extended or forged)"
+            )
+        elif last != record.head:
+            found.problems.append(
+                f"run {run_id}: its last event is not the one stockade wrote (the hash "
+                "differs from its run record): the log was forged or rewritten"
+            )
+        if record.replaced and len(found.problems) > before:
+            found.problems[-1] += f"; stockade saw at the run's end: {record.replaced}"
+    for record in records.values():
+        if record.path != real or record.run_id in verdict.heads:
+            continue
+        if (record.dev, record.ino) == inode:
+            message = (
+                f"run {record.run_id}: stockade wrote it to this file, which no longer "
+                "holds it: the log was cut or rewritten"
+            )
+        else:
+            message = (
+                f"run {record.run_id}: stockade wrote it to {record.path} (inode "
+                f"{record.ino}); the file there now (inode {inode[1]}) does not hold it: "
+                "the log was swapped or replaced"
+            )
+        if record.replaced:
+            message += f"; stockade saw at the run's end: {record.replaced}"
+        found.problems.append(message)
+    return found

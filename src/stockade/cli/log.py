@@ -3,7 +3,8 @@
 By default every file under ``$XDG_STATE_HOME/stockade/runs`` is read (one per run of
 ``stockade run``, one per ``stockade mcp`` server), oldest first; ``--file`` names
 others. Output is one line per event, or one JSON object per line with ``--json``.
-``--verify`` checks each log's hash chain instead (see :mod:`stockade.audit._chain`).
+``--verify`` checks each log's hash chain instead (see :mod:`stockade.audit._chain`), and
+each run against the head recorded when it ended (:mod:`stockade.audit._record`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ Event = dict[str, Any]
 
 #: How often --follow looks for new lines and new files.
 POLL_SECONDS = 0.2
+#: ``--verify``: every chain holds, but a run has no record, so who wrote it is unknown
+EXIT_UNRECORDED = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="",
         metavar="FILE",
         help="check the hash chain of FILE (default: of --file, or of every log) and name "
-        "the first event that was edited, removed, reordered or cut; exit 1 if any run fails",
+        "the first event that was edited, removed, reordered or cut, then check each run "
+        "against the head stockade recorded when it ended; exit 1 if any run fails, "
+        f"{EXIT_UNRECORDED} if every chain holds but a run has no record (its authorship "
+        "cannot be checked)",
     )
 
 
@@ -256,14 +262,16 @@ def _verify(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    from stockade.audit._verify import verify_file
+    from stockade.audit._record import load_records, records_dir
+    from stockade.audit._verify import authorship, verify_file
 
     files = [Path(args.verify)] if args.verify else []
     files += _audit_files(args) if args.file or not files else []
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
         return 1
-    failed = 0
+    records = load_records()
+    failed = unrecorded = 0
     for path in files:
         try:
             verdict = verify_file(path)
@@ -271,16 +279,36 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"stockade log: cannot read {path}: {exc.strerror}", file=sys.stderr)
             failed += 1
             continue
-        problems = verdict.problems
-        if verdict.ok:
+        # The chain first (its problems name lines), then the runs against their records.
+        found = authorship(path, verdict, records)
+        problems = [*map(str, verdict.problems), *found.problems]
+        if not problems and verdict.ok:
             print(f"{path}: ok: {verdict.runs} runs, {verdict.events} events, chains intact")
+            if found.unrecorded:
+                unrecorded += 1
+                print(
+                    _printable(_no_record(path, found.unrecorded, records_dir())), file=sys.stderr
+                )
             continue
         failed += 1
         for problem in problems[:MAX_PROBLEMS]:
             print(_printable(f"{path}: {problem}"))
         if len(problems) > MAX_PROBLEMS:
             print(f"{path}: ... and {len(problems) - MAX_PROBLEMS} more problems")
-    return 1 if failed else 0
+    if failed:
+        return 1
+    return EXIT_UNRECORDED if unrecorded else 0
+
+
+def _no_record(path: Path, runs: list[str], where: Path) -> str:
+    shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    noun = "run" if len(runs) == 1 else "runs"
+    return (
+        f"stockade log: {path}: authorship cannot be checked: no run record for {noun} "
+        f"{shown} in {where} (a log copied from another machine or user, written by "
+        "stockade proxy or a server, or its record removed); the chain shows the order "
+        "of the events, not who wrote them"
+    )
 
 
 def _printable(text: str) -> str:
@@ -291,7 +319,9 @@ def _printable(text: str) -> str:
 def execute(args: argparse.Namespace) -> int:
     """Print the matching events; 0 on success (also when none match), 1 when no log exists.
 
-    With ``--verify``: 0 when every run of every log verifies, 1 when one does not.
+    With ``--verify``: 0 when every run of every log verifies and ends where its run
+    record says, 1 when one does not, :data:`EXIT_UNRECORDED` when every chain holds
+    but some run has no record (so who wrote it cannot be checked).
     """
     if args.verify is not None:
         return _verify(args)

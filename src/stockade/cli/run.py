@@ -129,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--audit",
         type=Path,
         metavar="FILE",
-        help="append audit events to FILE (default: one file per run in ~/.local/state/stockade/runs)",
+        help="append audit events to FILE, outside the workspace and every filesystem.write "
+        "path (a log the sandbox can write is refused; default: one file per run in "
+        "~/.local/state/stockade/runs)",
     )
     parser.add_argument(
         "--timeout",

@@ -522,14 +522,23 @@ def build_server(policy: Policy, *, audit: Path | None = None) -> MCPServer:
 
     Args:
         policy: the loaded, validated policy every command runs under.
-        audit: the JSONL file events are appended to (None: in memory only).
+        audit: the JSONL file events are appended to (None: in memory only); one the
+            sandbox could write (inside the workspace or a ``filesystem.write`` path)
+            is refused with :class:`~stockade.SandboxError`, as ``stockade run`` does.
     """
     return _build(policy, audit)[0]
 
 
-def _build(policy: Policy, audit: Path | None) -> tuple[MCPServer, _Session]:
+def _build(
+    policy: Policy, audit: Path | None, *, explicit: bool = True
+) -> tuple[MCPServer, _Session]:
     from stockade.api import run
 
+    if audit is not None:
+        from stockade.runtime._audit_guard import refuse_reachable
+
+        # Before the server's own log is opened there: the first run would refuse it.
+        refuse_reachable(audit, policy, explicit=explicit)
     workspace = policy.filesystem.workspace
     server = MCPServer("stockade", instructions=INSTRUCTIONS, log_level="WARNING")
     session = _Session(policy, audit)
@@ -649,7 +658,7 @@ def serve(policy_path: Path | None = None, workspace: Path | None = None) -> Non
 
     policy = load_policy(policy_path, workspace=workspace)
     audit = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-mcp-{os.getpid()}.jsonl"
-    server, session = _build(policy, audit)
+    server, session = _build(policy, audit, explicit=False)
     try:
         server.run("stdio")
     finally:

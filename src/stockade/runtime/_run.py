@@ -2,7 +2,8 @@
 
 The order matters and is the same every time: check that every layer the policy asks
 for can be applied (refuse otherwise: fail closed), open the audit log (refuse if it
-cannot be written: never run unaudited), plan the mounts, environment and launcher,
+cannot be written, never run unaudited; or if the sandbox could write it: see
+:mod:`._audit_guard`), plan the mounts, environment and launcher,
 start the egress proxy if the policy allows any host, spawn bubblewrap, relay the
 terminal, wait (killing the whole tree on timeout), clean up and audit the end.
 """
@@ -34,7 +35,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _host, _newrepo, _placeholders, _terminal
+from stockade.runtime import _audit_guard, _host, _newrepo, _placeholders, _terminal
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -46,9 +47,9 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def default_audit_dir() -> Path:
-    """``$XDG_STATE_HOME/stockade/runs`` (``~/.local/state`` when unset)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "stockade" / "runs"
+    """``$XDG_STATE_HOME/stockade/runs`` (``~/.local/state`` when unset or relative): in
+    stockade's state, the trust root every sandbox gets read-only."""
+    return _roots.state_dir() / "runs"
 
 
 @record(frozen=False)
@@ -172,7 +173,7 @@ def _sweep_leftovers() -> None:
 
 def _temp_base() -> Path:
     """Where scratch directories go: ``$TMPDIR``, else /tmp (tempfile costs ~10 ms)."""
-    return Path(os.environ.get("TMPDIR") or "/tmp")
+    return _roots.scratch_base()
 
 
 def _remove_tree(path: Path) -> None:
@@ -275,7 +276,11 @@ def execute(request: RunRequest) -> RunResult:
     audit_path = request.audit_path
     if audit_path is None and request.audit_to_file:
         audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
+    if audit_path is not None:
+        _audit_guard.refuse_reachable(audit_path, policy, explicit=request.audit_path is not None)
     audit = AuditLog(run_id, audit_path)
+    if audit_path is not None:
+        _audit_guard.refuse_linked(audit)
     if request.on_event is not None:
         audit.subscribe(request.on_event)
     started = time.monotonic()
@@ -283,6 +288,7 @@ def execute(request: RunRequest) -> RunResult:
         return _execute(request, policy, bwrap, audit, started, runsc)
     finally:
         audit.close()
+        _audit_guard.record_head(audit)
 
 
 def _refuse_writable_tools(policy: Policy, *tools: str | Path | None) -> None:

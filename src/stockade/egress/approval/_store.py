@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from stockade._exceptions import PolicyError
+from stockade._roots import sandbox_writable
 from stockade.policy._hosts import parse_pattern
 from stockade.policy._load import approved_path, read_approved
 
@@ -35,13 +36,9 @@ _HEADER = (
 
 def refusal(path: Path, writable: Sequence[Path]) -> str | None:
     """Why ``path`` may not hold approvals (None: it may): it lies under a root the
-    sandbox can write, the workspace first. Symlinks are followed on both sides."""
-    real = Path(os.path.realpath(path.parent))
-    for root in writable:
-        top = Path(os.path.realpath(root))
-        if real == top or top in real.parents:
-            return f"{path} lies inside {root}, which the sandbox can write"
-    return None
+    sandbox can write, the workspace first, or in a run's scratch directory
+    (:func:`stockade._roots.sandbox_writable`, the check the audit log gets too)."""
+    return sandbox_writable(path, writable)
 
 
 class ApprovedStore:
