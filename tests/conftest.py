@@ -249,6 +249,34 @@ def nobody_gvisor(world: World, runsc: str) -> list[str]:
     return [python, "-m", "stockade"]
 
 
+def nobody_command(
+    world: World, command: list[str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The argv prefix and environment that run the stockade CLI as uid 65534 in
+    ``world`` (chowned to it first; root only); ``command`` replaces ``python -m
+    stockade``."""
+    python = _nobody_python()
+    require(
+        python is not None and shutil.which("setpriv") is not None,
+        "no Python >= 3.11 executable by uid 65534, or no setpriv",
+    )
+    assert python is not None
+    import sysconfig
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    site = sysconfig.get_paths()["purelib"]
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(world.root)], check=True)
+    env = dict(world.env, PYTHONPATH=f"{src}:{site}", XDG_CACHE_HOME=str(world.root / "cache"))
+    argv = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        *(command or [python, "-m", "stockade"]),
+    ]
+    return argv, env
+
+
 def as_nobody(
     world: World, *args: str, timeout: float = 60, command: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -266,27 +294,9 @@ def as_nobody(
             timeout=timeout,
             check=False,
         )
-    python = _nobody_python()
-    require(
-        python is not None and shutil.which("setpriv") is not None,
-        "no Python >= 3.11 executable by uid 65534, or no setpriv",
-    )
-    assert python is not None
-    import sysconfig
-
-    src = Path(__file__).resolve().parent.parent / "src"
-    site = sysconfig.get_paths()["purelib"]
-    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(world.root)], check=True)
-    env = dict(world.env, PYTHONPATH=f"{src}:{site}", XDG_CACHE_HOME=str(world.root / "cache"))
+    argv, env = nobody_command(world, command)
     return subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            *(command or [python, "-m", "stockade"]),
-            *args,
-        ],
+        [*argv, *args],
         cwd=world.workspace,
         env=env,
         capture_output=True,

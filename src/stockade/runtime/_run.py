@@ -14,7 +14,6 @@ import contextlib
 import functools
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment, paths
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _audit_guard, _host, _newrepo, _placeholders, _terminal
+from stockade.runtime import _audit_guard, _host, _newrepo, _placeholders, _pty
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -425,7 +424,13 @@ def _execute(
                     detail=item.describe(),
                     path=str(item.root.path),
                 )
-            use_pty = _wants_pty(request)
+            # Every terminal of the caller's among the command's 0, 1, 2 is replaced by a
+            # pty or pipe of stockade's own (_pty's table); a terminal stdin makes the pty
+            # the command's controlling terminal, which the launcher sets up.
+            terminal = _pty.choose(
+                *_stdio(request), allow_pty=request.allow_pty, gvisor=runsc is not None
+            )
+            use_pty = terminal.interactive
             use_launcher = (
                 layers.files or layers.syscalls or layers.limits or use_pty or not layers.container
             )
@@ -528,6 +533,8 @@ def _execute(
                     read=trust,
                     files=tuple(egress_plan.files) if egress_plan else (),
                 )
+            if terminal.relayed and "TERM" not in child_env:
+                child_env["TERM"] = "xterm"  # it has a terminal: name one
             if _resolve_command(request.argv, child_env, cwd) is None:
                 audit.emit(
                     "run_end",
@@ -653,7 +660,7 @@ def _execute(
                     cwd,
                     request,
                     depth,
-                    use_pty,
+                    terminal,
                     tuple(fds),
                     start,
                     scratch.sweep_in_background,
@@ -711,13 +718,14 @@ def _execute(
     )
 
 
-def _wants_pty(request: RunRequest) -> bool:
+def _stdio(request: RunRequest) -> tuple[int | IO[Any] | None, ...]:
+    """The sandbox's stdin, stdout and stderr as Popen takes them (None: the caller's),
+    before any terminal among them is replaced (:func:`_pty.choose`)."""
+    capture = subprocess.PIPE if request.capture_output else None
     return (
-        request.allow_pty
-        and request.stdin is None
-        and request.input is None
-        and not request.capture_output
-        and sys.stdin.isatty()
+        subprocess.PIPE if request.input is not None else request.stdin,
+        capture or request.stdout,
+        capture or request.stderr,
     )
 
 
@@ -958,7 +966,7 @@ def _spawn(
     cwd: Path,
     request: RunRequest,
     depth: int,
-    use_pty: bool,
+    terminal: _pty.Choice,
     pass_fds: tuple[int, ...],
     start: _Start | None,
     on_started: Callable[[], None],
@@ -966,40 +974,47 @@ def _spawn(
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr).
 
-    ``on_started`` is called once the command was let go (work to overlap with it);
-    ``sandbox`` is the gVisor run, whose pty runsc makes (:class:`._gvisor.GvisorRun`).
+    ``terminal`` says which of the caller's terminals are relayed (:mod:`._pty`: the
+    sandbox never holds one); ``on_started`` is called once the command was let go (work
+    to overlap with it); ``sandbox`` is the gVisor run, whose pty runsc makes
+    (:class:`._gvisor.GvisorRun`).
     """
     timeout = _wall_timeout(request)
     if timeout is not None:
         request.timeout = timeout
-    stdin = request.stdin
-    if use_pty:
-        console = sandbox if sandbox is not None and sandbox.console is not None else None
-        return _spawn_pty(
-            argv, env, cwd, request, timeout, depth, pass_fds, start, on_started, console
-        )
-    stdout = subprocess.PIPE if request.capture_output else request.stdout
-    stderr = subprocess.PIPE if request.capture_output else request.stderr
-    if request.input is not None:
-        stdin = subprocess.PIPE
-    proc = _popen(argv, env, cwd, stdin, stdout, stderr, pass_fds)
-    paused = start.paused if start is not None else None
-    # Forwarding is in place before the command is let go: a SIGTERM that arrives as soon
-    # as it runs must reach it, not kill stockade (the default action). One that arrives
-    # before goes to the sandbox's outermost process and ends it: the command never runs.
-    with _forwarding(proc, request.forward_signals, depth):
-        if start is not None:
-            start.release(proc)
-        on_started()
-        try:
-            out, err = _communicate(proc, request.input, timeout, paused)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc)
-            out, err = proc.communicate()
-            return EXIT_TIMEOUT, True, out, err
-        except BaseException:
-            _kill_tree(proc)
-            raise
+    _pty.check_passed(pass_fds)
+    console = sandbox if sandbox is not None and sandbox.console is not None else None
+    with _pty.relay(terminal, *_stdio(request)) as relay:
+        proc = _popen(argv, env, cwd, *relay.stdio, pass_fds)
+        relay.handed()
+        paused = start.paused if start is not None else None
+        # Forwarding is in place before the command is let go: a SIGTERM that arrives as
+        # soon as it runs must reach it, not kill stockade (the default action). One that
+        # arrives before goes to the sandbox's outermost process and ends it: the command
+        # never runs.
+        with _forwarding(proc, request.forward_signals, depth):
+            if start is not None:
+                start.release(proc)
+            on_started()
+            if console is not None:
+                master = console.receive_console(lambda: proc.poll() is None)
+                if master < 0:
+                    # runsc ended (or hung) before it made the pty: its status and message
+                    # say why, and the caller reports it as the sandbox's failure.
+                    _kill_tree(proc)
+                    code = proc.wait()
+                    return (code if code >= 0 else 128 - code), False, None, None
+                relay.add_console(master)
+            relay.start()
+            try:
+                out, err = _communicate(proc, request.input, timeout, paused)
+            except subprocess.TimeoutExpired:
+                _kill_tree(proc)
+                out, err = proc.communicate()
+                return EXIT_TIMEOUT, True, out, err
+            except BaseException:
+                _kill_tree(proc)
+                raise
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
 
 
@@ -1101,163 +1116,6 @@ def _forwarding(proc: subprocess.Popen[bytes], enabled: bool, depth: int) -> Ite
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _spawn_pty(
-    argv: list[str],
-    env: dict[str, str],
-    cwd: Path,
-    request: RunRequest,
-    timeout: float | None,
-    depth: int,
-    pass_fds: tuple[int, ...],
-    start: _Start | None,
-    on_started: Callable[[], None],
-    console: Any = None,
-) -> tuple[int, bool, bytes | None, bytes | None]:
-    """Run with a pty of its own; relay between it and the caller's terminal.
-
-    The sandbox never holds the caller's terminal, so TIOCSTI and friends can only
-    reach its own pty. The caller's terminal is put in raw mode for the duration.
-
-    Under gVisor (``console``, a :class:`._gvisor.GvisorRun`) runsc makes the pty and
-    sends its master once the sandbox is created; the command's stdout and stderr both
-    go through it (one terminal, as ``docker run -t``), and runsc's own stdio is the
-    caller's stderr, where its errors belong.
-    """
-    import fcntl
-    import pty
-    import termios
-    import tty
-
-    in_fd = sys.stdin.fileno()
-    out_fd = sys.stdout.fileno()
-
-    def copy_size(target: int) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.ioctl(
-                target, termios.TIOCSWINSZ, fcntl.ioctl(in_fd, termios.TIOCGWINSZ, b"\0" * 8)
-            )
-
-    # The signal forwarding is in place before the command is let go: a SIGTERM that
-    # arrives as soon as it runs must reach it, not kill stockade (default action).
-    with contextlib.ExitStack() as forwarding:
-        env = dict(env)
-        env.setdefault("TERM", "xterm")
-        if console is not None:
-            err_fd = sys.stderr.fileno()
-            proc = _popen(argv, env, cwd, subprocess.DEVNULL, err_fd, err_fd, pass_fds)
-            forwarding.enter_context(_forwarding(proc, request.forward_signals, depth))
-            if start is not None:
-                start.release(proc)
-            on_started()
-            master = console.receive_console(lambda: proc.poll() is None)
-            if master < 0:
-                # runsc ended (or hung) before it made the pty: its status and message say
-                # why, and the caller reports it as the sandbox's failure.
-                _kill_tree(proc)
-                code = proc.wait()
-                return (code if code >= 0 else 128 - code), False, None, None
-            copy_size(master)
-        else:
-            master, slave = pty.openpty()
-            copy_size(slave)
-            stdout_target: int | IO[Any] = (
-                slave if sys.stdout.isatty() else (request.stdout or out_fd)
-            )
-            stderr_target: int | IO[Any] = (
-                slave if sys.stderr.isatty() else (request.stderr or sys.stderr.fileno())
-            )
-            try:
-                proc = _popen(argv, env, cwd, slave, stdout_target, stderr_target, pass_fds)
-            except SandboxError:
-                os.close(master)
-                os.close(slave)
-                raise
-            os.close(slave)
-            forwarding.enter_context(_forwarding(proc, request.forward_signals, depth))
-            if start is not None:
-                start.release(proc)
-            on_started()
-        saved = termios.tcgetattr(in_fd)
-        deadline = time.monotonic() + timeout if timeout else None
-        timed_out = False
-
-        def resize(_signum: int, _frame: object) -> None:
-            copy_size(master)
-
-        old_winch = signal.signal(signal.SIGWINCH, resize)
-        sel = selectors.DefaultSelector()
-        paused = start.paused if start is not None else (lambda: 0.0)
-        holder = _terminal.register()
-        relay = holder.__enter__()
-        try:
-            # TCSANOW, not the default TCSAFLUSH: keep what the user typed ahead.
-            tty.setraw(in_fd, termios.TCSANOW)
-            sel.register(master, selectors.EVENT_READ)
-            sel.register(in_fd, selectors.EVENT_READ)
-            sel.register(relay.wake_r, selectors.EVENT_READ)
-            held: list[int] = []
-            while True:
-                end = None if deadline is None else deadline + paused()
-                wait = None if end is None else max(0.0, end - time.monotonic())
-                if end is not None and wait == 0:
-                    timed_out = True
-                    _kill_tree(proc)
-                    break
-                for key, _ in sel.select(min(wait, 0.5) if wait is not None else 0.5):
-                    if key.fd == relay.wake_r:
-                        # A prompt takes the terminal: stop relaying both ways until it
-                        # is done (its keys are not the command's, and the command's
-                        # output must not draw over it or answer it).
-                        if relay.wanted() and not held:
-                            held = [fd for fd in (master, in_fd) if fd in sel.get_map()]
-                            for fd in held:
-                                sel.unregister(fd)
-                            relay.acknowledged.set()
-                        elif not relay.wanted() and held:
-                            for fd in held:
-                                sel.register(fd, selectors.EVENT_READ)
-                            held = []
-                        continue
-                    if key.fd == master:
-                        try:
-                            data = os.read(master, 65536)
-                        except OSError:
-                            data = b""
-                        if not data:
-                            sel.unregister(master)
-                            continue
-                        os.write(out_fd, data)
-                    else:
-                        data = os.read(in_fd, 65536)
-                        if not data:
-                            sel.unregister(in_fd)
-                            continue
-                        os.write(master, data)
-                if held:
-                    continue  # a prompt holds the terminal; the command's end waits for it
-                if proc.poll() is not None and master not in [k.fd for k in sel.get_map().values()]:
-                    break
-                if proc.poll() is not None:
-                    # Drain what is left of the pty, then stop.
-                    with contextlib.suppress(OSError):
-                        while sel.select(0.05):
-                            data = os.read(master, 65536)
-                            if not data:
-                                break
-                            os.write(out_fd, data)
-                    break
-        finally:
-            holder.__exit__(None, None, None)
-            termios.tcsetattr(in_fd, termios.TCSAFLUSH, saved)
-            signal.signal(signal.SIGWINCH, old_winch)
-            sel.close()
-            os.close(master)
-        code = proc.wait()
-        if timed_out:
-            return EXIT_TIMEOUT, True, None, None
-        return (code if code >= 0 else 128 - code), False, None, None
 
 
 def _bwrap_started(status_r: int) -> bool:

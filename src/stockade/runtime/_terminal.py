@@ -1,12 +1,15 @@
-"""The caller's terminal, shared between the command's relay and a prompt.
+"""The caller's terminal, shared between the command's relays and a prompt.
 
-While a prompt asks on the terminal (:func:`stockade.approvers.tty`), the relay of
-:func:`stockade.runtime._run._spawn_pty` must neither read the keys (they are the
-prompt's) nor write the command's output over it: :func:`hold` pauses it, in both
-directions, until the prompt is done. The command's output waits in its pty meanwhile
-(the kernel's buffer, then the command blocks on write), so nothing is lost.
+While a prompt asks on the terminal (:func:`stockade.approvers.tty`), the relays of
+:mod:`stockade.runtime._pty` must neither read the keys (they are the prompt's) nor
+write the command's output over it: :func:`hold` pauses every relay of the process, in
+both directions, until the prompt is done. The command's output waits in its pty or
+pipe meanwhile (the kernel's buffer, then the command blocks on write), so nothing is
+lost.
 
-One process has one terminal: the hold is process-wide, and one prompt at a time holds it.
+One process has one terminal: the hold is process-wide, and one prompt at a time holds
+it. Several runs may relay at once (threads of one :class:`stockade.Sandbox`): a prompt
+pauses them all.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 __all__ = ["Relay", "hold", "register"]
 
 _lock = threading.Lock()
 _prompt = threading.Lock()
-_relay: Relay | None = None
+_relays: set[Relay] = set()
 
 
 def terminal_path(device: str | None = None) -> str:
@@ -47,14 +51,19 @@ def terminal_opens(device: str | None = None) -> bool:
 
 
 class Relay:
-    """A relay's side of the hold: a wake-up pipe and the paused state."""
+    """A relay's side of the hold: a wake-up pipe and the paused state.
+
+    The relay's loop calls :meth:`wanted` whenever ``wake_r`` is readable and, once it
+    has stopped reading and writing, sets :attr:`acknowledged`. A relay whose loop has
+    not started yet (:attr:`running` false) writes nothing, so it acknowledges at once;
+    its loop checks :meth:`wanted` before anything else when it starts.
+    """
 
     def __init__(self) -> None:
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self.paused = False
         self._want = False
+        self.running = False
         self.acknowledged = threading.Event()
-        self.resumed = threading.Event()
 
     def wanted(self) -> bool:
         """Drain the wake-up pipe; True while a prompt wants the terminal."""
@@ -63,10 +72,23 @@ class Relay:
                 pass
         return self._want
 
-    def _ask(self, want: bool) -> None:
-        self._want = want
+    def wake(self) -> None:
+        """Wake the relay's loop (a change of state it should look at)."""
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self.wake_w, b"x")
+
+    def _ask(self, want: bool) -> None:
+        with _lock:
+            self._want = want
+            if want and not self.running:
+                self.acknowledged.set()
+        self.wake()
+
+    def start(self) -> None:
+        """Called by the relay's loop as it starts (under the lock: a prompt that asked
+        before then was acknowledged, and the loop sees ``wanted()``)."""
+        with _lock:
+            self.running = True
 
     def close(self) -> None:
         """Close the pipe (the relay ended)."""
@@ -77,34 +99,33 @@ class Relay:
 
 @contextlib.contextmanager
 def register() -> Iterator[Relay]:
-    """Make the calling relay the one a prompt pauses, for the ``with`` block."""
-    global _relay
+    """Make the calling relay one that a prompt pauses, for the ``with`` block."""
     relay = Relay()
     with _lock:
-        _relay = relay
+        _relays.add(relay)
     try:
         yield relay
     finally:
         with _lock:
-            if _relay is relay:
-                _relay = None
+            _relays.discard(relay)
         relay.acknowledged.set()  # a prompt waiting for it goes on
         relay.close()
 
 
 @contextlib.contextmanager
 def hold(timeout: float = 2.0) -> Iterator[None]:
-    """Own the terminal: the relay (if any) stops reading and writing until the end."""
+    """Own the terminal: every relay stops reading and writing until the end."""
     with _prompt:
         with _lock:
-            relay = _relay
-        if relay is None:
-            yield
-            return
-        relay.acknowledged.clear()
-        relay._ask(True)
-        relay.acknowledged.wait(timeout)
+            relays = list(_relays)
+        for relay in relays:
+            relay.acknowledged.clear()
+            relay._ask(True)
+        deadline = time.monotonic() + timeout
+        for relay in relays:
+            relay.acknowledged.wait(max(0.0, deadline - time.monotonic()))
         try:
             yield
         finally:
-            relay._ask(False)
+            for relay in relays:
+                relay._ask(False)
