@@ -68,7 +68,9 @@ class RunRequest:
     stderr: int | IO[Any] | None = None
     input: bytes | None = None
     capture_output: bool = False
-    #: give the command a pty of its own when stdin is a terminal
+    #: a terminal on stdin is relayed through a pty of the command's own (interactive);
+    #: False: it is replaced by /dev/null. A terminal on stdout or stderr is relayed
+    #: either way: the sandbox never holds the caller's terminal (:mod:`._pty`)
     allow_pty: bool = True
     #: forward SIGINT/SIGTERM/SIGHUP received by this process to the command
     forward_signals: bool = False
