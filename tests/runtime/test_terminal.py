@@ -64,7 +64,8 @@ class Caller:
 
     ``stdin``: ``"tty"`` (the terminal), ``"null"`` (/dev/null) or bytes (a pipe that
     holds them, then ends); ``stdout``/``stderr``: ``"tty"`` or ``"pipe"`` (read at the
-    end: :attr:`piped`). The terminal is the controlling terminal of the caller's
+    end: :attr:`piped`); ``stderr`` may also be ``"other"``, a second terminal (its
+    screen: :attr:`other_out`). The terminal is the controlling terminal of the caller's
     session, as a login's is; ``extra_fd`` also leaves it open as descriptor 5.
     ``{device}`` in ARGS becomes the terminal's device number; ``exact``: ``command``
     is the whole argv (no ``run``).
@@ -99,6 +100,7 @@ class Caller:
         if isinstance(stdin, bytes):
             in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
+        self.other_master, other_slave = os.openpty()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs at once
             try:
@@ -107,7 +109,7 @@ class Caller:
                 null = os.open(os.devnull, os.O_RDWR)
                 os.dup2({"tty": self.slave, "null": null}.get(str(stdin), in_r), 0)
                 os.dup2(self.slave if stdout == "tty" else out_w, 1)
-                os.dup2(self.slave if stderr == "tty" else out_w, 2)
+                os.dup2({"tty": self.slave, "other": other_slave}.get(stderr, out_w), 2)
                 if extra_fd:
                     os.dup2(self.slave, 5)
                 os.chdir(world.workspace)
@@ -116,6 +118,8 @@ class Caller:
                 os._exit(127)
         self.pid = pid
         os.close(out_w)
+        os.close(other_slave)
+        self.other_out = b""
         self.out_r = out_r
         if in_r >= 0:
             os.close(in_r)
@@ -158,9 +162,11 @@ class Caller:
                 os.set_blocking(self.out_r, False)
                 while chunk := os.read(self.out_r, 65536):
                     self.piped += chunk
+            self._read_other()
             done, status = os.waitpid(self.pid, os.WNOHANG)
             if done:
                 self.idle(0.3)
+                self._read_other()
                 with contextlib.suppress(BlockingIOError):
                     while chunk := os.read(self.out_r, 65536):
                         self.piped += chunk
@@ -169,6 +175,16 @@ class Caller:
         os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
         raise AssertionError(f"stockade did not end: {self.out[-3000:]!r}")
+
+    def _read_other(self) -> None:
+        while select.select([self.other_master], [], [], 0)[0]:
+            try:
+                chunk = os.read(self.other_master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.other_out += chunk
 
     def pending_input(self) -> int:
         """Bytes waiting in the terminal's input queue (what TIOCSTI would have pushed)."""
@@ -209,7 +225,7 @@ class Caller:
             os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        for fd in (self.master, self.slave, self.out_r):
+        for fd in (self.master, self.slave, self.out_r, self.other_master):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -417,6 +433,33 @@ def test_stdout_on_the_terminal_stderr_to_a_pipe(world: World, backend: tuple[st
     assert b"to-the-terminal" in c.out
     assert b"to-the-pipe" not in c.out
     assert b"to-the-pipe" in c.piped
+
+
+def test_stdout_and_stderr_on_two_terminals(world: World) -> None:
+    # Each terminal gets a pty of its own: what goes to 2 stays on the second one.
+    script = "echo on-the-first; echo on-the-second >&2; exit 2"
+    with caller(world, "--", "sh", "-c", script, stderr="other") as c:
+        assert c.wait() == 2, c.out[-3000:]
+    assert b"on-the-first" in c.out
+    assert b"on-the-second" not in c.out
+    assert b"on-the-second" in c.other_out
+
+
+def test_a_terminal_is_never_passed_beside_the_stdio() -> None:
+    # The last check where the descriptors leave: a terminal among them is refused, a
+    # pipe is passed.
+    from stockade import SandboxError
+    from stockade.runtime import _pty
+
+    master, slave = os.openpty()
+    r, w = os.pipe()
+    try:
+        with pytest.raises(SandboxError, match="is a terminal"):
+            _pty.check_passed((r, slave))
+        _pty.check_passed((r, w))
+    finally:
+        for fd in (master, slave, r, w):
+            os.close(fd)
 
 
 _SIZE = """
