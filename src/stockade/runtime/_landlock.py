@@ -11,8 +11,9 @@ apply to itself:
   directory that holds a protected path gets its own rule, the protected ones and the
   directories above them none (they stay readable). The cost, said in the run's log:
   nothing new can be created directly in those directories (the workspace's top, its
-  ``.git``). stockade's own configuration, state and cache are split out the same way
-  when a writable root holds them (:func:`stockade_dirs`).
+  ``.git``). stockade's own trust roots (configuration, state, cache, data, its code:
+  :func:`stockade._roots.trust_roots`) are split out the same way when a writable root
+  holds them, and the interception CA's directory out of every read grant.
 * ``egress``: Landlock's TCP connect rule (ABI 4, Linux 6.7; refused to start below it:
   fail closed) lets ``connect()`` reach the proxy's port only, and the seccomp filter
   (``no_netns``) refuses every inet socket but TCP (no UDP, raw, ICMP, SCTP or MPTCP)
@@ -61,7 +62,6 @@ __all__ = [
     "kill_descendants",
     "open_proxy_listener",
     "require",
-    "stockade_dirs",
     "write_grants",
 ]
 
@@ -116,24 +116,6 @@ def require(*, files: bool, egress: bool) -> None:
             "without a network namespace they are what keeps connections to the proxy",
             "upgrade the kernel, or use the bubblewrap backend where user namespaces work",
         )
-
-
-def stockade_dirs(env: Mapping[str, str]) -> tuple[Path, ...]:
-    """stockade's own configuration, state and cache directories (XDG, ``~`` defaults).
-
-    A local helper until the trust-boundary work exposes its list: without a mount
-    namespace they can only be kept out of reach by never granting write to them.
-    """
-    home = Path(env.get("HOME") or Path.home())
-    out = []
-    for var, default in (
-        ("XDG_CONFIG_HOME", home / ".config"),
-        ("XDG_STATE_HOME", home / ".local" / "state"),
-        ("XDG_CACHE_HOME", home / ".cache"),
-    ):
-        base = env.get(var) or str(default)
-        out.append(Path(os.path.abspath(base)) / "stockade")
-    return tuple(out)
 
 
 def _within(path: Path, root: Path) -> bool:
@@ -414,6 +396,7 @@ class LandlockRun:
             *map(str, policy.filesystem.write),
         )
         self.read: tuple[str, ...] = ()
+        self.masked: tuple[str, ...] = ()
         self.env: dict[str, str] | None = None
         if egress_plan is not None:
             from stockade.egress import proxy_environment
@@ -445,15 +428,19 @@ class LandlockRun:
         at the end, or None with the files layer off."""
         if not self.policy.layers.files:
             return None
+        from stockade import _roots
         from stockade.runtime._placeholders import Claim
         from stockade.runtime._run import default_audit_dir
 
         fs = self.policy.filesystem
+        roots = _roots.trust_roots(caller_env)
+        #: held out of every read grant too (the CA's private key)
+        self.masked = tuple(str(r.path) for r in roots if r.mode == "mask")
         claim = Claim(default_audit_dir().parent, workspace, self.audit.run_id)
         protection = claim.protect(workspace, fs.protect, writable=fs.write)
         try:
             write, read, split = write_grants(
-                (workspace, *fs.write), (*protection.existing, *stockade_dirs(caller_env))
+                (workspace, *fs.write), (*protection.existing, *(r.path for r in roots))
             )
         except BaseException:
             claim.release()
@@ -490,7 +477,7 @@ class LandlockRun:
 
             read, listed = read_grants(
                 (*(p for p in spec.read_paths if p not in self.write), *self.read),
-                SYSTEM_SECRETS,
+                (*SYSTEM_SECRETS, *self.masked),
             )
             extras["read_paths"], extras["list_paths"] = read, listed
         bpf = None

@@ -523,9 +523,10 @@ def _execute(
                 )
                 child_env = env_plan.env
             else:
-                if narrowed:
-                    # Without a mount namespace nothing can hold them read-only: Landlock
-                    # only grants. Refuse rather than let the sandbox rewrite stockade.
+                if narrowed and (ll is None or not layers.files):
+                    # Without a mount namespace nothing can hold them read-only but a split
+                    # Landlock grant (the landlock backend's, files layer on). Refuse
+                    # rather than let the sandbox rewrite stockade.
                     raise Unavailable(
                         f"keeping {narrowed[0].describe()} without the container layer",
                         "keep the container layer on, or narrow the grant",
