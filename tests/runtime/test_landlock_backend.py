@@ -219,7 +219,9 @@ def test_landlock_files_and_protected_paths(world: World, who: str) -> None:
         f"r 'echo x >> {world.home}/.bashrc' write-bashrc; "
         "r 'echo new > top-level-new' new-top-level; "
         "r 'cat /etc/passwd >/dev/null' read-etc; "
-        "r 'cat /etc/shadow >/dev/null' read-shadow"
+        "r 'cat /etc/shadow >/dev/null' read-shadow; "
+        "r 'echo x > /dev/null' write-devnull; "
+        "r 'ls /dev/pts >/dev/null' list-pts"
     )
     proc = restricted(world, who, "run", "--backend", "landlock", "--", "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
@@ -240,6 +242,9 @@ def test_landlock_files_and_protected_paths(world: World, who: str) -> None:
         # no mask without a mount namespace: the read grant is split around it (root
         # could read it otherwise, uid 65534 cannot either way)
         "read-shadow": "blocked",
+        "write-devnull": "done",
+        # the user's other terminals are there
+        "list-pts": "blocked",
     }, proc.stdout
     assert (ws / ".envrc").read_text() == "# user's\n"
     assert "evil" not in (ws / ".git" / "config").read_text()

@@ -78,10 +78,12 @@ FALLBACK_HINT = (
 #: the launcher refuses more rules than this (MAX_PATHS in _launcher.c)
 _MAX_RULES = 1000
 
-#: host devices the command may write: what bubblewrap's minimal /dev holds, plus the
-#: terminal devices (the launcher's ioctls) and /dev/shm (shared with the host: POSIX
-#: semaphores of multiprocessing need it). Never the whole of /dev: the host's disks
-#: are there, writable by their owner.
+#: host devices the command may open for writing: what bubblewrap's minimal /dev holds
+#: but the pty devices, plus /dev/shm (shared with the host: POSIX semaphores of
+#: multiprocessing need it). Never the whole of /dev: the host's disks are there,
+#: writable by their owner, and /dev/pts holds the user's other terminals (read from one
+#: and its keystrokes are stolen). The run's own pty is inherited open, and /dev/tty
+#: names it; a pty of the command's own (script, tmux) is not available here.
 DEVICES: tuple[str, ...] = (
     "/dev/null",
     "/dev/zero",
@@ -89,8 +91,6 @@ DEVICES: tuple[str, ...] = (
     "/dev/random",
     "/dev/urandom",
     "/dev/tty",
-    "/dev/ptmx",
-    "/dev/pts",
     "/dev/shm",
 )
 
