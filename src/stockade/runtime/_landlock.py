@@ -469,7 +469,9 @@ class LandlockRun:
             egress=layers.egress,
             container=layers.container,
             proxy_port=self.port,
-            write=(*self.write, str(scratch), *DEVICES),
+            # The scratch HOME and TMPDIR only: the rest of the run's scratch directory
+            # is stockade's (the trust bundle the proxy's clients are given).
+            write=(*self.write, str(scratch / "home"), str(scratch / "tmp"), *DEVICES),
             read=(),
         )
         if layers.files:
