@@ -8,9 +8,12 @@ sandbox-runtime, installed into a temporary folder with npm when npm is availabl
 ``stockade.run(["true"])`` called repeatedly in one warm Python process, in turns with bare
 bwrap (their ratio is a target, and this machine's speed drifts); and, when a runsc is
 installed (scripts/setup --gvisor), ``stockade run --backend gvisor -- true`` beside bare
-``runsc do true``. The last line is
+``runsc do true``; and ``stockade run --backend landlock -- true`` (no namespaces, for
+hosts that refuse them) in turns with the bubblewrap CLI, beside bare ``true`` and the
+Python start-up (``python -c pass``). The last line is
 one JSON object with the figures and the ratios. Targets: CLI <= 60 ms and <= 0.3x srt;
-warm API call <= 3x bare bwrap.
+warm API call <= 3x bare bwrap; landlock CLI <= 2x (bare ``true`` + Python start-up) and
+below the bubblewrap CLI.
 """
 
 from __future__ import annotations
@@ -139,6 +142,21 @@ def main() -> int:
         figures["stockade_cli_ms"] = mean_ms(
             lambda: run([stockade, "run", "--", "true"], env=cold_env)
         )
+        # The landlock backend (no namespaces) in turns with the bubblewrap CLI, and the
+        # Python start-up that both pay: its target is relative to that and bare true.
+        figures["python_ms"] = mean_ms(lambda: run([sys.executable, "-c", "pass"]))
+        figures.update(
+            interleaved_means(
+                {
+                    "stockade_cli_turns_ms": lambda: run(
+                        [stockade, "run", "--", "true"], env=cold_env
+                    ),
+                    "stockade_cli_landlock_ms": lambda: run(
+                        [stockade, "run", "--backend", "landlock", "--", "true"], env=cold_env
+                    ),
+                }
+            )
+        )
         # The gVisor backend beside it (docs/gvisor.md), with bare ``runsc do`` as its
         # baseline, when a usable runsc is there (scripts/setup --gvisor fetches one).
         figures["stockade_cli_gvisor_ms"] = figures["runsc_do_ms"] = None
@@ -219,6 +237,14 @@ def main() -> int:
     result["cli_served_vs_cli"] = round(served / cli, 3)
     gvisor = figures["stockade_cli_gvisor_ms"]
     result["gvisor_vs_bubblewrap_cli"] = round(gvisor / cli, 2) if gvisor else None
+    landlock, turns = figures["stockade_cli_landlock_ms"], figures["stockade_cli_turns_ms"]
+    assert landlock is not None
+    assert turns is not None
+    python_ms, true_ms = figures["python_ms"], figures["true_ms"]
+    assert python_ms is not None
+    assert true_ms is not None
+    result["landlock_vs_bubblewrap_cli"] = round(landlock / turns, 2)
+    result["landlock_vs_true_plus_python"] = round(landlock / (true_ms + python_ms), 2)
     result["frontend"] = frontend
     result["api_vs_bwrap"] = round(api / bw, 2)
     first, later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
@@ -230,6 +256,8 @@ def main() -> int:
         "cli_vs_srt": 0.3,
         "api_vs_bwrap": 3,
         "sandbox_later_vs_first": "< 1",
+        "landlock_vs_true_plus_python": 2,
+        "landlock_vs_bubblewrap_cli": "< 1",
     }
     for key, value in result.items():
         if key != "targets":

@@ -5,7 +5,8 @@ whose test suite needs only the standard library), creates a virtual environment
 temporary workspace, and runs the package's unittest suite ``ROUNDS`` times directly and
 ``ROUNDS`` times under ``stockade run`` with every layer on, interleaved. When a runsc is
 installed (scripts/setup --gvisor), a third series runs it under ``stockade run --backend
-gvisor`` in the same turns (no target: docs/gvisor.md reports what that boundary costs).
+gvisor`` in the same turns (no target: docs/gvisor.md reports what that boundary costs),
+and one under ``--backend landlock`` (no namespaces; docs/security-model.md).
 Each sandboxed series also records the peak memory of the sandbox: the summed RSS of every
 process under ``stockade run`` (bubblewrap, or runsc, its Sentry and gofer, with the test
 suite in them), sampled every 50 ms (shared pages counted once per process). The last line
@@ -142,10 +143,12 @@ def main() -> int:
         gvisor: list[float] = []
         boxed_kib: list[int] = []
         gvisor_kib: list[int] = []
+        landlock: list[float] = []
         run = [stockade, "run", "--workspace", str(ws)]
         for _ in range(ROUNDS):
             bare.append(timed(suite, src, env))
             boxed.append(timed([*run, "--", *suite], src, env, boxed_kib))
+            landlock.append(timed([*run, "--backend", "landlock", "--", *suite], src, env))
             if runsc is not None:
                 gvisor_env = dict(env, STOCKADE_RUNSC=runsc)
                 argv = [*run, "--backend", "gvisor", "--", *suite]
@@ -158,6 +161,8 @@ def main() -> int:
         "slowdown": round(statistics.fmean(boxed) / statistics.fmean(bare), 3),
         "target": 1.05,
         "sandbox_peak_mib": round(max(boxed_kib) / 1024, 1),
+        "landlock_s": _mean(landlock),
+        "landlock_slowdown": round(statistics.fmean(landlock) / statistics.fmean(bare), 3),
         "gvisor_s": _mean(gvisor) if gvisor else None,
         "gvisor_slowdown": (
             round(statistics.fmean(gvisor) / statistics.fmean(bare), 3) if gvisor else None
@@ -170,6 +175,10 @@ def main() -> int:
     print(
         f"  {PACKAGE} test suite: bare {result['bare_s']} s, under stockade {result['stockade_s']} s"
         f" ({result['slowdown']}x, sandbox peak {result['sandbox_peak_mib']} MiB)"
+    )
+    print(
+        f"  under stockade --backend landlock {result['landlock_s']} s"
+        f" ({result['landlock_slowdown']}x bare)"
     )
     if gvisor:
         print(

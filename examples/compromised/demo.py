@@ -23,7 +23,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    # ``demo.py --backend landlock``: the same step under another container runtime.
+    backend = ["--backend", argv[argv.index("--backend") + 1]] if "--backend" in argv else []
     stockade = shutil.which("stockade") or str(Path(sys.executable).with_name("stockade"))
     canary = f"CANARY-{uuid.uuid4()}"
     with tempfile.TemporaryDirectory(prefix="stockade-demo-") as tmp:
@@ -68,7 +70,7 @@ def main() -> int:
         )
         print(f"stockade demo: a compromised test step runs in {ws}\n")
         proc = subprocess.run(
-            [stockade, "run", "--workspace", str(ws), "--", "python3", "test_step.py"],
+            [stockade, "run", *backend, "--workspace", str(ws), "--", "python3", "test_step.py"],
             cwd=ws,
             env=env,
             capture_output=True,
@@ -115,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

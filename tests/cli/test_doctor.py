@@ -31,6 +31,8 @@ def test_doctor_reports_what_this_host_has() -> None:
     assert set(checks) == {
         "bubblewrap",
         "user namespaces",
+        "userns restrictions",
+        "landlock backend",
         "landlock",
         "seccomp",
         "mount API",

@@ -127,6 +127,7 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
             "layers": ["container", "egress"],
         }
     )
+    out += landlock_checks(userns.ok)
     transparent = _host.transparent_check()
     out.append(
         {
@@ -195,6 +196,90 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
     out.append(upstream_check(policy_path, url))
     out.append(gvisor_check())
     out.append(kubernetes_check(out, policy_path, url))
+    return out
+
+
+#: what the landlock backend cannot stop and no action of the model names
+LANDLOCK_UNMODELLED: tuple[str, ...] = (
+    "a server on another host listening on the proxy's port (random per run): "
+    "Landlock's connect rule names a port, not an address",
+    "host processes are visible (ps, /proc/PID/cmdline); only signalling them is refused "
+    "(Landlock scopes, ABI 6)",
+    "named host unix sockets (docker.sock, D-Bus, nscd, systemd-resolved) are reachable: "
+    "Landlock does not cover connect() on a unix socket",
+    "nothing new can be made directly in the workspace's top directory or in .git "
+    "(the write grant is split around the protected paths there)",
+    "no transparent capture: a client that ignores the proxy variables gets EACCES",
+    "the proxy listens on a loopback port any host process can reach",
+    "no pids cap unless a cgroup can be made (see the limits check): RLIMIT_NPROC would "
+    "count every process of the user",
+)
+
+
+def landlock_losses() -> list[str]:
+    """The scenario's attacks (the model's) that the bubblewrap backend stops and the
+    landlock backend lets through, under the default policy: one line each."""
+    from stockade.model import Boundary, evaluate
+    from stockade.policy import Policy
+    from stockade.probe import scenarios
+
+    layout = scenarios.Layout(Path("/nonexistent-probe-world"))
+    sc = scenarios.build("extended", layout)
+    policy: Policy = sc.policy
+    active = policy.layers.active()
+    bubblewrap = evaluate(Boundary(policy, runtime="bubblewrap"), sc.actions, active)
+    landlock = evaluate(Boundary(policy, runtime="landlock"), sc.actions, active)
+    held = {o.action.id for o in bubblewrap.outcomes if not o.through}
+    return [
+        f"{o.action.id}: {o.action.description}"
+        for o in landlock.outcomes
+        if o.through and not o.action.needed and o.action.id in held
+    ]
+
+
+def landlock_checks(userns_ok: bool) -> list[dict[str, object]]:
+    """Which configuration refuses user namespaces (and its fix), and the landlock
+    backend: whether this kernel can run it and what it loses beside bubblewrap."""
+    from stockade.runtime import _host, _landlock
+
+    out: list[dict[str, object]] = []
+    found = [] if userns_ok else _landlock.userns_restrictions()
+    out.append(
+        {
+            "name": "userns restrictions",
+            "ok": not found,
+            "detail": "; ".join(what for what, _ in found)
+            or ("none" if userns_ok else "none of the known ones; see the user namespaces check"),
+            "fix": "; ".join(fix for _, fix in found),
+            "layers": ["container", "egress"],
+        }
+    )
+    abi = _host.landlock_abi()
+    usable = abi >= _landlock.MIN_NET_ABI
+    lost = [*landlock_losses(), *LANDLOCK_UNMODELLED]
+    detail = (
+        f"usable (Landlock ABI {abi}, network rules)"
+        if usable
+        else f"not usable: Landlock ABI {abi}, network rules need ABI {_landlock.MIN_NET_ABI}"
+    )
+    out.append(
+        {
+            "name": "landlock backend",
+            # Only a failure when it is the one sandbox left and it cannot run either.
+            "ok": usable or userns_ok,
+            "detail": f"{detail}; beside bubblewrap it loses: " + "; ".join(lost),
+            "fix": ""
+            if userns_ok
+            else (
+                "fallback: stockade run --backend landlock, or [container] backend = "
+                '"auto" with allow_degraded = true (docs/security-model.md)'
+                if usable
+                else "no fallback on this kernel: upgrade to Linux 6.7+ (Landlock ABI 4)"
+            ),
+            "layers": ["files", "egress", "container"],
+            "loses": lost,
+        }
+    )
     return out
 
 

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("bubblewrap", "gvisor"),
+        choices=("bubblewrap", "gvisor", "landlock"),
         default=None,
         help="judge under this container runtime instead of the policy's [container] backend",
     )
@@ -291,7 +291,7 @@ def execute(args: argparse.Namespace) -> int:
         print("  nowhere, with these layers")
     for d in data["by_backend"]:
         print(f"  {d['action']}: {d['description']}")
-        for b in ("bubblewrap", "gvisor"):
+        for b in ("bubblewrap", "gvisor", "landlock"):
             mark = "  <- this run" if b == data["backend"] else ""
             print(f"      {b:<10} {', '.join(d[b]) or 'nothing stops it'}{mark}")
     return 0

@@ -47,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=BACKENDS,
         default="bubblewrap",
-        help="the container's runtime for every run: bubblewrap (host kernel) or gvisor "
+        help="the container's runtime for every run: bubblewrap (host kernel), gvisor "
         "(runsc, a kernel of its own; container and egress then stay on in every run, "
-        "see docs/gvisor.md); default: bubblewrap",
+        "see docs/gvisor.md) or landlock (no namespaces; the model predicts each row "
+        "under it, see docs/security-model.md); default: bubblewrap",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(

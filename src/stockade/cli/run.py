@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from stockade.policy import LAYERS
-from stockade.policy._model import BACKENDS
+from stockade.policy._model import BACKEND_CHOICES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ _VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--ask-timeout": ("ask_timeout", float),
     "--control-fd": ("control_fd", int),
     "--upstream-proxy": ("upstream_proxy", str),
-    "--backend": ("backend", lambda v: BACKENDS[BACKENDS.index(v)]),
+    "--backend": ("backend", lambda v: BACKEND_CHOICES[BACKEND_CHOICES.index(v)]),
 }
 _LISTS = {"--allow-host": "allow_host", "--disable": "disable"}
 
@@ -141,9 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
-        help="the container's runtime for this run: bubblewrap (host kernel) or gvisor "
-        "(runsc, a kernel of its own; see docs/gvisor.md); default: [container] backend",
+        choices=BACKEND_CHOICES,
+        help="the container's runtime for this run: bubblewrap (host kernel), gvisor "
+        "(runsc, a kernel of its own; see docs/gvisor.md), landlock (no namespaces, for "
+        "hosts that refuse them: Landlock and seccomp alone; see docs/security-model.md) "
+        "or auto (bubblewrap, else landlock with [container] allow_degraded); default: "
+        "[container] backend",
     )
     parser.add_argument(
         "--upstream-proxy",
@@ -298,7 +301,12 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
     if args.backend is not None:
         from stockade.policy._model import ContainerPolicy
 
-        policy = replace(policy, container=ContainerPolicy(backend=args.backend))
+        policy = replace(
+            policy,
+            container=ContainerPolicy(
+                backend=args.backend, allow_degraded=policy.container.allow_degraded
+            ),
+        )
     approval, channel = _approval(args, policy, command)
     if approval is False:
         return 2

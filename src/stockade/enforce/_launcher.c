@@ -40,6 +40,8 @@
  *   "D=0|1"             debug: report skipped paths and each step on stderr
  *   "r=/abs/path"       read+execute beneath this path (repeatable)
  *   "w=/abs/path"       every handled right beneath this path (repeatable)
+ *   "d=/abs/path"       list directories (READ_DIR) beneath this path, nothing else:
+ *                       a directory whose entries are granted one by one (repeatable)
  *   "p=/abs/path"       must-deny probe: opening it O_RDONLY must fail with EACCES
  *                       (default "/" when Landlock is on and no rule names "/")
  *   "k=/abs/path"       pin: bind the path onto itself (a mount point cannot be renamed)
@@ -47,6 +49,14 @@
  *   "n=/abs/path"       mask a file: bind /dev/null over it, read-only
  *   "t=/abs/path"       mask a directory: an empty read-only tmpfs over it
  *                       (k, b, n and t records are applied in the order given)
+ *   "N=0|1"             handle Landlock's TCP connect right (ABI 4): connecting is
+ *                       refused but to the ports of "c" records (no namespace backend)
+ *   "c=PORT"            a TCP port connect() may reach (repeatable; with N=1)
+ *   "R=0|1"             reaper: stay the parent of the command as a child subreaper
+ *                       (PR_SET_CHILD_SUBREAPER), and kill whatever of its tree is left
+ *                       when it ends (no PID namespace to do it)
+ *   "W=FD"              hold: read one byte from the inherited FD before anything
+ *                       else (the runtime moves this process into its cgroup first)
  *   "B=N"               followed by exactly N raw bytes of struct sock_filter[]
  *   "X=1"               exec CMD with exactly the "e" records as its environment,
  *                       not the launcher's own (which is then the host's fixed one:
@@ -70,7 +80,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <dirent.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -98,6 +113,9 @@
 
 #define LL_CREATE_RULESET_VERSION (1U << 0)
 #define LL_RULE_PATH_BENEATH 1
+#define LL_RULE_NET_PORT 2 /* ABI 4 */
+#define LL_NET_BIND_TCP (1ULL << 0)
+#define LL_NET_CONNECT_TCP (1ULL << 1)
 
 #define LL_FS_EXECUTE (1ULL << 0)
 #define LL_FS_WRITE_FILE (1ULL << 1)
@@ -128,6 +146,11 @@ struct ll_ruleset_attr {
 	uint64_t handled_access_fs;
 	uint64_t handled_access_net; /* ABI 4; left 0: the network is the netns' job */
 	uint64_t scoped;             /* ABI 6 */
+};
+
+struct ll_net_port_attr {
+	uint64_t allowed_access;
+	uint64_t port;
 };
 
 struct ll_path_beneath_attr {
@@ -197,11 +220,18 @@ struct spec {
 	size_t n_read;
 	const char *write_paths[MAX_PATHS];
 	size_t n_write;
+	const char *list_paths[MAX_PATHS];
+	size_t n_list;
 	const char *deny_probe;
 	const unsigned char *bpf;
 	size_t bpf_len;
 	int ctty;
 	int drop_caps;
+	int handle_net;
+	int reaper;
+	int hold_fd;
+	uint64_t connect_ports[64];
+	size_t n_connect;
 	struct { int resource; rlim_t value; } rlimits[9];
 	size_t n_rlimits;
 	/* k (pin), b (protect), n and t (mask) records, in spec order */
@@ -361,6 +391,27 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 			s->envp[s->n_env] = NULL;
 			break;
 		}
+		case 'N': s->handle_net = parse_flag(v, "N"); break;
+		case 'R': s->reaper = parse_flag(v, "R"); break;
+		case 'W': {
+			char *wend;
+			errno = 0;
+			long fd = strtol(v, &wend, 10);
+			if (errno || *wend || fd < 3 || fd > 1 << 20)
+				die("bad spec: hold fd \"%.20s\" is not an inherited fd above 2", v);
+			s->hold_fd = (int)fd;
+			break;
+		}
+		case 'c': {
+			char *pend;
+			errno = 0;
+			unsigned long port = strtoul(v, &pend, 10);
+			if (errno || *pend || v[0] == '\0' || port > 65535 ||
+			    s->n_connect == sizeof s->connect_ports / sizeof s->connect_ports[0])
+				die("bad spec: connect port \"%.20s\" invalid or too many; rebuild the spec", v);
+			s->connect_ports[s->n_connect++] = port;
+			break;
+		}
 		case 'l': {
 			/* l=NAME:VALUE, an rlimit set as both soft and hard limit. */
 			static const struct { const char *name; int resource; } names[] = {
@@ -397,6 +448,13 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 			s->binds[s->n_binds].kind = rec[0];
 			s->binds[s->n_binds].path = v;
 			s->n_binds++;
+			break;
+		case 'd':
+			if (v[0] != '/')
+				die("bad spec: path \"%.200s\" is not absolute; pass absolute paths", v);
+			if (s->n_list == MAX_PATHS)
+				die("bad spec: more than %d list paths; pass parent directories", MAX_PATHS);
+			s->list_paths[s->n_list++] = v;
 			break;
 		case 'r':
 		case 'w':
@@ -562,6 +620,15 @@ static void apply_landlock(const struct spec *s)
 	attr.handled_access_fs = handled;
 	/* Older kernels take the shorter struct; pass only the fields this ABI knows. */
 	attr_size = offsetof(struct ll_ruleset_attr, handled_access_net);
+	if (s->handle_net) {
+		/* Without a network namespace, Landlock's TCP rules are what keeps connect()
+		 * to the proxy's port; a kernel without them must not run the command. */
+		if (abi < 4)
+			die("Landlock network rules need ABI 4 (Linux 6.7), this kernel has ABI %d; the landlock backend cannot confine the network here: upgrade the kernel or use the bubblewrap backend",
+			    abi);
+		attr.handled_access_net = LL_NET_CONNECT_TCP;
+		attr_size = offsetof(struct ll_ruleset_attr, scoped);
+	}
 	if (s->scope) {
 		if (abi < 6)
 			die("Landlock scopes need ABI 6 (Linux 6.12), this kernel has ABI %d; upgrade the kernel or turn off the scope option",
@@ -578,8 +645,17 @@ static void apply_landlock(const struct spec *s)
 	debug("landlock ABI %d, handled 0x%llx, scoped 0x%llx", abi,
 	      (unsigned long long)handled, (unsigned long long)attr.scoped);
 
+	for (i = 0; i < s->n_connect; i++) {
+		struct ll_net_port_attr np = {LL_NET_CONNECT_TCP, s->connect_ports[i]};
+		if (syscall(__NR_landlock_add_rule, ruleset, LL_RULE_NET_PORT, &np, 0) < 0)
+			die("landlock_add_rule(net port %llu) failed: %s; report a bug",
+			    (unsigned long long)s->connect_ports[i], errname(errno));
+		debug("landlock connect rule: TCP port %llu", (unsigned long long)s->connect_ports[i]);
+	}
 	for (i = 0; i < s->n_read; i++)
 		add_path_rule(ruleset, s->read_paths[i], LL_FS_READ_RIGHTS & handled, "read");
+	for (i = 0; i < s->n_list; i++)
+		add_path_rule(ruleset, s->list_paths[i], LL_FS_READ_DIR, "list");
 	/* Write paths get every handled right, REFER/TRUNCATE/IOCTL_DEV included, so that
 	 * renames inside the workspace, truncation and terminal ioctls keep working. */
 	for (i = 0; i < s->n_write; i++)
@@ -693,6 +769,73 @@ static void drop_all_caps(void)
 		die("capset(0) failed: %s", errname(errno));
 }
 
+/* SIGKILL every child of this process (each orphan of the tree is one: subreaper), reap
+ * them, and again until none is left. A process being killed cannot fork any more, and
+ * whatever it forked before dies reparented to us, so the loop ends. */
+static void kill_children(void)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+	for (;;) {
+		FILE *f = fopen(path, "re");
+		if (f) {
+			int pid;
+			while (fscanf(f, "%d", &pid) == 1)
+				kill(pid, SIGKILL);
+			fclose(f);
+		}
+		pid_t got;
+		errno = 0;
+		while ((got = waitpid(-1, NULL, WNOHANG)) > 0)
+			;
+		if (got < 0 && errno == ECHILD)
+			return;
+		/* Some child is dying or was just reparented here: look again shortly. */
+		usleep(500);
+	}
+}
+
+/* The reaper's side of R=1: wait for the command, kill what it left, exit as it did. */
+static void reap(pid_t child) __attribute__((noreturn));
+static void reap(pid_t child)
+{
+	int status = 0;
+	/* Signals meant for the run go to the command (stockade forwards them there); the
+	 * reaper only outlives it long enough to clean up. */
+	signal(SIGINT, SIG_IGN);
+	signal(SIGQUIT, SIG_IGN);
+	signal(SIGHUP, SIG_IGN);
+	signal(SIGTSTP, SIG_IGN);
+	signal(SIGTTOU, SIG_IGN);
+	signal(SIGTTIN, SIG_IGN);
+	close_inherited_fds();
+	for (;;) {
+		int st;
+		pid_t got = waitpid(-1, &st, 0);
+		if (got == child) {
+			status = st;
+			break;
+		}
+		if (got < 0 && errno != EINTR)
+			break;
+	}
+	kill_children();
+	if (WIFSIGNALED(status)) {
+		/* Die of the same signal, so that the caller sees 128+N. */
+		int sig = WTERMSIG(status);
+		signal(sig, SIG_DFL);
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+		struct rlimit none = {0, 0};
+		setrlimit(RLIMIT_CORE, &none);
+		sigset_t all;
+		sigfillset(&all);
+		sigprocmask(SIG_UNBLOCK, &all, NULL);
+		kill(getpid(), sig);
+		_exit(128 + sig);
+	}
+	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_SETUP);
+}
+
 static int root_is_a_rule(const struct spec *s)
 {
 	size_t i;
@@ -732,6 +875,20 @@ int main(int argc, char **argv)
 	close((int)spec_fd);
 	parse_spec(buf, spec_len, &s);
 	g_debug = s.debug;
+
+	/* Held until the runtime has put this process in the run's cgroup (no bubblewrap
+	 * --block-fd without namespaces): everything it starts is then born inside. */
+	if (s.hold_fd) {
+		char go;
+		ssize_t r;
+		do
+			r = read(s.hold_fd, &go, 1);
+		while (r < 0 && errno == EINTR);
+		if (r != 1)
+			die("the runtime did not release the command (hold fd %d: %s); it did not run",
+			    s.hold_fd, r < 0 ? errname(errno) : "EOF");
+		close(s.hold_fd);
+	}
 
 	/* Opened before Landlock so that verification works whether or not /proc is an
 	 * allowed path; the fd is closed with the others before exec. */
@@ -816,6 +973,29 @@ int main(int argc, char **argv)
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
 		die("prctl(PR_SET_NO_NEW_PRIVS) failed: %s; kernel older than 3.5?", errname(errno));
 
+	/* Without a PID namespace nothing ends what the command leaves running: the
+	 * launcher stays its parent, as a subreaper every orphan of the tree comes back to,
+	 * and kills them all once the command is gone. Forked before any restriction so
+	 * that it can signal the whole tree; it runs nothing but this file's code. */
+	if (s.reaper) {
+		if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+			die("prctl(PR_SET_CHILD_SUBREAPER) failed: %s; kernel older than 3.4?", errname(errno));
+		pid_t parent = getpid();
+		pid_t child = fork();
+		if (child < 0)
+			die("fork() for the reaper failed: %s; raise the process limit", errname(errno));
+		if (child > 0)
+			reap(child);
+		/* The command dies with the reaper (stockade killing it on timeout). */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || getppid() != parent)
+			die("prctl(PR_SET_PDEATHSIG) failed or the reaper is gone; the command did not run");
+		/* The status fd names the reaper's /proc entry: open the child's own. */
+		close(status_fd);
+		status_fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+		if (status_fd < 0)
+			die("open(/proc/self/status) failed: %s", errname(errno));
+	}
+
 	/* (c) Landlock after bwrap's mounts (a Landlock domain may not change mount
 	 * topology) and on inodes, so no later mount trick or link can route around it. */
 	if (s.landlock)
@@ -849,6 +1029,28 @@ int main(int argc, char **argv)
 			die("verification failed: open(%s) gave %s, not EACCES; choose a must-deny probe that exists outside every allowed path",
 			    s.deny_probe, errname(errno));
 		debug("verified: %s denied with EACCES", s.deny_probe);
+	}
+	if (s.landlock && s.handle_net) {
+		/* A TCP connect to a loopback port outside the rules must now be refused by
+		 * Landlock (EACCES) before any packet is sent; without the rule it would get
+		 * ECONNREFUSED (or a connection). */
+		uint16_t probe = 1;
+		for (size_t i = 0; i < s.n_connect; i++)
+			if (s.connect_ports[i] == probe)
+				probe = 2;
+		int sk = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (sk < 0)
+			die("verification failed: socket(AF_INET) gave %s; report a bug", errname(errno));
+		struct sockaddr_in sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sin_family = AF_INET;
+		sa.sin_port = htons(probe);
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		if (connect(sk, (struct sockaddr *)&sa, sizeof sa) == 0 || errno != EACCES)
+			die("verification failed: connect(127.0.0.1:%u) was not refused by Landlock (%s); the network rules did not take effect",
+			    probe, errname(errno));
+		close(sk);
+		debug("verified: connect to 127.0.0.1:%u denied with EACCES", probe);
 	}
 	close(status_fd);
 

@@ -87,6 +87,19 @@ class LauncherSpec:
     #: environment, so that nothing of the command's (an ``LD_PRELOAD`` of the policy's
     #: ``env.set``) is loaded before Landlock and seccomp are in place. None: inherit.
     environment: tuple[tuple[str, str], ...] | None = None
+    #: directories that may only be listed (READ_DIR): their entries are granted one by
+    #: one (the landlock backend hides /etc's secret files this way)
+    list_paths: tuple[str, ...] = ()
+    #: handle Landlock's TCP connect right (ABI 4, refused before it): connect() reaches
+    #: only ``connect_ports`` (the landlock backend, which has no network namespace)
+    handle_net: bool = False
+    connect_ports: tuple[int, ...] = ()
+    #: stay the command's parent as a child subreaper and kill what is left of its tree
+    #: when it ends (the landlock backend, which has no PID namespace)
+    reaper: bool = False
+    #: an inherited fd to read one byte from before anything else (None: no hold): the
+    #: runtime moves the launcher into the run's cgroup meanwhile
+    hold_fd: int | None = None
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -115,6 +128,18 @@ def serialize(spec: LauncherSpec) -> bytes:
         out.append(rec("T", "1"))
     if spec.drop_caps:
         out.append(rec("C", "1"))
+    if spec.handle_net:
+        out.append(rec("N", "1"))
+    for port in spec.connect_ports:
+        if not 0 < port < 65536:
+            raise ValueError(f"launcher spec: connect port {port} is not 1..65535")
+        out.append(rec("c", str(port)))
+    if spec.reaper:
+        out.append(rec("R", "1"))
+    if spec.hold_fd is not None:
+        if spec.hold_fd < 3:
+            raise ValueError(f"launcher spec: hold fd {spec.hold_fd} is not above 2")
+        out.append(rec("W", str(spec.hold_fd)))
     for name, value in spec.rlimits:
         if name not in ("nproc", "as", "fsize", "cpu", "nofile", "core", "data") or value < 0:
             raise ValueError(f"launcher spec: rlimit {name}={value} is not valid")
@@ -125,6 +150,7 @@ def serialize(spec: LauncherSpec) -> bytes:
         out.append(rec(kind, path(where)))
     out += [rec("r", path(p)) for p in spec.read_paths]
     out += [rec("w", path(p)) for p in spec.write_paths]
+    out += [rec("d", path(p)) for p in spec.list_paths]
     if spec.deny_probe is not None:
         out.append(rec("p", path(spec.deny_probe)))
     if spec.environment is not None:

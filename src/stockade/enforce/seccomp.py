@@ -155,6 +155,13 @@ _AF_INET = 2
 _AF_INET6 = 10
 _AF_NETLINK = 16
 _NETLINK_ROUTE = 0
+_SOCK_TYPE_MASK = 0xF
+_SOCK_STREAM = 1
+_IPPROTO_TCP = 6
+_MSG_FASTOPEN = 0x20000000
+#: flags argument of sendto, sendmsg and sendmmsg
+_SEND_FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}
+_BPF_ALU_AND_K = 0x04 | 0x50 | 0x00
 
 
 @record
@@ -182,6 +189,9 @@ ARCHES: dict[str, _Arch] = {
             "fchmodat2": 452,
             "ioctl": 16,
             "socket": 41,
+            "sendto": 44,
+            "sendmsg": 46,
+            "sendmmsg": 307,
             "clone": 56,
             "ptrace": 101,
             "pivot_root": 155,
@@ -252,6 +262,9 @@ ARCHES: dict[str, _Arch] = {
             "ptrace": 117,
             "reboot": 142,
             "socket": 198,
+            "sendto": 206,
+            "sendmsg": 211,
+            "sendmmsg": 269,
             "add_key": 217,
             "request_key": 218,
             "keyctl": 219,
@@ -355,13 +368,26 @@ def _block(nr: int, body: list[bytes]) -> Iterator[bytes]:
     yield from body
 
 
-def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> bytes:
+def build_filter(
+    *,
+    allow_ptrace: bool = False,
+    arch: str | None = None,
+    no_netns: bool = False,
+    net_only: bool = False,
+) -> bytes:
     """Build the syscalls-layer seccomp program for ``arch`` (default: this machine).
 
     Returns ``struct sock_filter[]`` bytes in native byte order, ready for
     ``seccomp(SECCOMP_SET_MODE_FILTER)`` or ``bwrap --seccomp FD``.  ``allow_ptrace``
     keeps ``ptrace``, ``process_vm_readv/writev`` and ``pidfd_getfd`` available (for
-    debuggers).  Raises ``ValueError`` for an architecture other than x86_64 or aarch64.
+    debuggers).  ``no_netns`` is for the landlock backend, which has no network
+    namespace: an ``AF_INET``/``AF_INET6`` socket may then only be TCP (``SOCK_STREAM``
+    with protocol 0 or ``IPPROTO_TCP``), the one protocol Landlock's network rules
+    confine (no UDP, so no DNS of its own; no raw, ICMP, SCTP or MPTCP sockets), and
+    ``sendto``/``sendmsg``/``sendmmsg`` with ``MSG_FASTOPEN`` (a connect that is not a
+    ``connect()``) are refused.  Raises ``ValueError`` for an architecture other than
+    x86_64 or aarch64.  ``net_only`` keeps the architecture check and the
+    ``no_netns`` rules alone (the egress layer's part, with the syscalls layer off).
     """
     name = arch if arch is not None else native_arch()
     spec = ARCHES.get(name)
@@ -384,6 +410,12 @@ def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> byte
         # x32 syscalls are native numbers | 0x40000000; none of them may pass.
         prog += [_insn(_BPF_JMP_JGE_K, 0, 1, _X32_SYSCALL_BIT), kill]
 
+    if net_only:
+        if not no_netns:
+            raise ValueError("seccomp filter: net_only needs no_netns")
+        prog += _net_rules(spec, deny, allow)
+        prog.append(allow)
+        return b"".join(prog)
     names = list(_DENY_ALWAYS)
     if not allow_ptrace:
         names += _PTRACE_FAMILY
@@ -417,6 +449,8 @@ def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> byte
             deny,
         ],
     )
+    if no_netns:
+        prog += _net_rules(spec, deny, allow)
     # socket: an allow-list of families; netlink only for NETLINK_ROUTE.
     prog += _block(
         spec.nr["socket"],
@@ -434,6 +468,39 @@ def build_filter(*, allow_ptrace: bool = False, arch: str | None = None) -> byte
     )
     prog.append(allow)
     return b"".join(prog)
+
+
+def _net_rules(spec: _Arch, deny: bytes, allow: bytes) -> list[bytes]:
+    """The ``no_netns`` rules: no ``MSG_FASTOPEN``; an inet socket is TCP alone (the
+    protocol whose ``connect()`` Landlock's rule confines); the families as without."""
+    prog: list[bytes] = []
+    for name, index in _SEND_FLAGS_ARG.items():
+        prog += _block(
+            spec.nr[name],
+            [_load(_arg_lo(index)), _insn(_BPF_JMP_JSET_K, 0, 1, _MSG_FASTOPEN), deny, allow],
+        )
+    prog += _block(
+        spec.nr["socket"],
+        [
+            _load(_arg_lo(0)),
+            _insn(_BPF_JMP_JEQ_K, 11, 0, _AF_UNIX),  # -> allow
+            _insn(_BPF_JMP_JEQ_K, 4, 0, _AF_INET),  # -> inet
+            _insn(_BPF_JMP_JEQ_K, 3, 0, _AF_INET6),  # -> inet
+            _insn(_BPF_JMP_JEQ_K, 0, 9, _AF_NETLINK),  # else deny
+            _load(_arg_lo(2)),
+            _insn(_BPF_JMP_JEQ_K, 6, 7, _NETLINK_ROUTE),
+            # inet: the type without SOCK_NONBLOCK/SOCK_CLOEXEC, then the protocol
+            _load(_arg_lo(1)),
+            _insn(_BPF_ALU_AND_K, 0, 0, _SOCK_TYPE_MASK),
+            _insn(_BPF_JMP_JEQ_K, 0, 4, _SOCK_STREAM),
+            _load(_arg_lo(2)),
+            _insn(_BPF_JMP_JEQ_K, 1, 0, 0),
+            _insn(_BPF_JMP_JEQ_K, 0, 1, _IPPROTO_TCP),
+            allow,
+            deny,
+        ],
+    )
+    return prog
 
 
 @record

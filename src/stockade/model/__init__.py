@@ -61,6 +61,7 @@ from stockade.model._evaluate import check_monotonic as check_monotonic
 from stockade.model._evaluate import evaluate as evaluate
 from stockade.model._evaluate import exercised_layers as exercised_layers
 from stockade.model._evaluate import kernel_only as kernel_only
+from stockade.model._evaluate import lost_without_namespaces as lost_without_namespaces
 from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
 from stockade.model._layers import Boundary as Boundary
@@ -91,6 +92,7 @@ __all__ = [
     "exercised_layers",
     "host_public",
     "kernel_only",
+    "lost_without_namespaces",
     "parse_host_entry",
     "subsets",
 ]

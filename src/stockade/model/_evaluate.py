@@ -187,6 +187,18 @@ def exercised_layers(boundary: Boundary, actions: Sequence[Action]) -> tuple[str
     )
 
 
+def lost_without_namespaces(boundary: Boundary, actions: Sequence[Action]) -> tuple[str, ...]:
+    """The ids of the unneeded ``actions`` that, every layer on, ``bubblewrap`` stops and
+    ``landlock`` (no namespaces) lets through: what a host without user namespaces loses."""
+    with_ns = evaluate(boundary.with_backend("bubblewrap"), actions, LAYERS)
+    without = evaluate(boundary.with_backend("landlock"), actions, LAYERS)
+    return tuple(
+        a.id
+        for a in actions
+        if not a.needed and without.outcome(a.id).through and not with_ns.outcome(a.id).through
+    )
+
+
 def kernel_only(boundary: Boundary, actions: Sequence[Action]) -> tuple[str, ...]:
     """The ids of ``actions`` that only a kernel of the sandbox's own stops: every layer
     on, they get through on ``bubblewrap`` (the host kernel) and not on ``gvisor``."""

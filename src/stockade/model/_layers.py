@@ -36,6 +36,31 @@ egress     the netns and the proxy             the same (runsc's host networking
 
 The runtime refuses gVisor without the container layer (there would be no kernel of its
 own), so under ``gvisor`` the container predicate is the one that matters most.
+
+``landlock`` (no namespaces at all, for hosts that refuse user namespaces) moves what it
+can onto the process itself, and the layers' names then mean:
+
+=========  ====================================================================
+layer      ``landlock`` (the host kernel, no namespaces)
+=========  ====================================================================
+files      Landlock on the real files, as under bubblewrap, and it alone keeps the
+           protected paths read-only (the write grant is split around them) and
+           /etc's secret files unreadable (the read grant is split around them)
+container  only the reaper: the launcher, a child subreaper, kills what the command
+           leaves behind. No mount view (host files, /etc's secret files, named host
+           unix sockets are as the files layer leaves them), no PID namespace, no
+           ``--disable-userns`` (seccomp alone refuses a user namespace)
+syscalls   the same seccomp filter
+egress     Landlock's TCP connect rule (the proxy's port only) and seccomp (inet
+           sockets are TCP alone): a direct connection or a UDP DNS query is refused;
+           abstract unix sockets are the host's (only Landlock's scope, files, stops
+           them)
+limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every process):
+           the pids cap holds only in a cgroup (``cgroup``: one can be made here)
+=========  ====================================================================
+
+``auto`` is judged as what it may become at worst: ``landlock`` when the policy allows
+degrading (``allow_degraded``), ``bubblewrap`` otherwise.
 """
 
 from __future__ import annotations
@@ -172,6 +197,9 @@ class Boundary:
     policy: Policy
     landlock_scopes: bool = True
     runtime: str = ""
+    #: whether a cgroup can be made for a run on this host (``limits.detect()``): only
+    #: the landlock backend depends on it, for the pids cap
+    cgroup: bool = False
     _rules: Rules = field(init=False, repr=False, compare=False)
     _bound_hosts: tuple[RuleHost, ...] = field(init=False, repr=False, compare=False)
 
@@ -188,8 +216,16 @@ class Boundary:
 
     @property
     def backend(self) -> str:
-        """The container's runtime: ``bubblewrap`` or ``gvisor``."""
-        return self.runtime or self.policy.container.backend
+        """The container's runtime: ``bubblewrap``, ``gvisor`` or ``landlock``."""
+        chosen = self.runtime or self.policy.container.backend
+        if chosen == "auto":
+            return "landlock" if self.policy.container.allow_degraded else "bubblewrap"
+        return chosen
+
+    @property
+    def no_namespaces(self) -> bool:
+        """True under the landlock backend: the command runs in the host's namespaces."""
+        return self.backend == "landlock"
 
     @property
     def own_kernel(self) -> bool:
@@ -198,7 +234,9 @@ class Boundary:
 
     def with_backend(self, backend: str) -> Boundary:
         """The same policy and host facts under another container runtime."""
-        return Boundary(self.policy, landlock_scopes=self.landlock_scopes, runtime=backend)
+        return Boundary(
+            self.policy, landlock_scopes=self.landlock_scopes, runtime=backend, cgroup=self.cgroup
+        )
 
     def predicate(self, layer: str) -> Predicate:
         """The predicate of ``layer``."""
@@ -247,9 +285,15 @@ class Boundary:
         if action.kind is Kind.FILE_READ:
             if not _within_any(action.file_path, self._readable()):
                 return Reason.PATH_NOT_GRANTED
+            if self.no_namespaces and _within_any(action.file_path, SYSTEM_SECRETS):
+                # No mask without a mount namespace: the read grant is split around them.
+                return Reason.PATH_DENIED
         elif action.kind is Kind.FILE_WRITE:
             if not _within_any(action.file_path, self._writable()):
                 return Reason.PATH_NOT_GRANTED
+            if self.no_namespaces and self._protected(action.file_path):
+                # No read-only bind: the split Landlock grant keeps it (runtime/_landlock).
+                return Reason.PATH_PROTECTED
         elif action.kind is Kind.PROCESS_SIGNAL:
             if self.landlock_scopes:
                 return Reason.PROCESS_CONTAINED
@@ -302,6 +346,9 @@ class Boundary:
 
     def _container(self, action: Action, route: Route | None = None) -> Reason | None:
         kind = action.kind
+        if self.no_namespaces:
+            # The reaper is all there is of a container: no mount view, no namespaces.
+            return Reason.PROCESS_CONTAINED if kind is Kind.PROCESS_SURVIVE else None
         if kind is Kind.FILE_READ:
             return self._visible(action.file_path)
         if kind is Kind.FILE_WRITE:
@@ -388,6 +435,10 @@ class Boundary:
         ):
             # The empty network namespace has no interface but loopback: a socket that
             # ignores the proxy reaches nothing. Its only way out is the proxy's protocol.
+            # Under landlock: connect() reaches the proxy's port alone (Landlock) and an
+            # inet socket is TCP alone (seccomp). That rule names a port, not an address:
+            # a server elsewhere on the proxy's port (random per run) is reachable; no
+            # action here aims at one (docs/security-model.md says so).
             return Reason.UNSUPPORTED_PROTOCOL
         if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return self.host_decision(action.host, action.port, action.address)
@@ -395,7 +446,12 @@ class Boundary:
             # The sandbox has no resolver; the proxy resolves only names it may connect to.
             allowed = self.host_decision(action.host, action.port or 443) is None
             return None if allowed else Reason.HOST_NOT_ALLOWED
-        if kind is Kind.UNIX_CONNECT and action.target.startswith("@") and not self.own_kernel:
+        if (
+            kind is Kind.UNIX_CONNECT
+            and action.target.startswith("@")
+            and not self.own_kernel
+            and not self.no_namespaces
+        ):
             # On the host kernel the abstract namespace is the network namespace's; the
             # Sentry keeps its unix sockets to itself whatever the network namespace.
             return Reason.UNSUPPORTED_PROTOCOL
@@ -468,6 +524,10 @@ class Boundary:
             "wall_seconds": (lim.wall_seconds, Reason.LIMIT_WALL_TIME),
         }
         cap = caps.get(action.target)
+        if action.target == "pids" and self.no_namespaces and not self.cgroup:
+            # No user namespace to count in (RLIMIT_NPROC would count the user's every
+            # process on the host): only a delegated cgroup caps the pids.
+            return None
         if cap is None or not cap[0]:
             return None
         return cap[1] if action.amount > cap[0] else None

@@ -23,7 +23,7 @@ from stockade._exceptions import PolicyError
 from stockade._record import replace
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
-    BACKENDS,
+    BACKEND_CHOICES,
     LAYERS,
     BoundSecret,
     ContainerPolicy,
@@ -641,12 +641,18 @@ def _build(
         policy = replace(policy, mcp=replace(policy.mcp, allow_always=True))
     container_raw = raw.get("container", {})
     backend = container_raw.get("backend", "bubblewrap")
-    if backend not in BACKENDS:
+    if backend not in BACKEND_CHOICES:
         raise v.fail(
-            "container.backend", backend, 'expected "bubblewrap" or "gvisor" (docs/gvisor.md)'
+            "container.backend",
+            backend,
+            'expected "bubblewrap", "gvisor" (docs/gvisor.md), "landlock" or "auto" '
+            "(docs/security-model.md)",
         )
-    if backend != "bubblewrap":
-        policy = replace(policy, container=ContainerPolicy(backend=backend))
+    degraded = v.boolean("container.allow_degraded", container_raw.get("allow_degraded", False))
+    if backend != "bubblewrap" or degraded:
+        policy = replace(
+            policy, container=ContainerPolicy(backend=backend, allow_degraded=degraded)
+        )
     if base is None:
         return policy
     return _tighten(base, policy, raw, v)
@@ -745,6 +751,9 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
     if base.mcp.allow_always and "allow_always" in mcp_raw:
         mcp = replace(mcp, allow_always=False)
     container = base.container
+    if ws.container.allow_degraded and not base.container.allow_degraded:
+        # A fallback to fewer boundaries is the user's choice alone.
+        raise v.fail("container.allow_degraded", True, _WIDEN_FIX)
     if base.container.backend == "gvisor" or ws.container.backend == "gvisor":
         # A kernel of its own only adds a boundary: a workspace file may ask for it, and
         # may not take it away.

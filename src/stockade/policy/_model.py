@@ -203,16 +203,25 @@ class KubernetesPolicy:
         )
 
 
-#: the container backends, from the host kernel's own namespaces to a kernel of its own
-BACKENDS: tuple[str, ...] = ("bubblewrap", "gvisor")
+#: the container backends, from the host kernel's own namespaces to a kernel of its own,
+#: and the namespace-less one for hosts that refuse user namespaces (docs/security-model.md)
+BACKENDS: tuple[str, ...] = ("bubblewrap", "gvisor", "landlock")
+
+#: what ``[container] backend`` and ``--backend`` take: a backend, or "auto" (bubblewrap
+#: where user namespaces work, else landlock only with ``allow_degraded``)
+BACKEND_CHOICES: tuple[str, ...] = (*BACKENDS, "auto")
 
 
 @record
 class ContainerPolicy:
     """``[container]``: which runtime builds the container from the mount plan."""
 
-    #: "bubblewrap" (the default) or "gvisor" (runsc; a workspace file may only pick it)
+    #: "bubblewrap" (the default), "gvisor" (runsc; a workspace file may only pick it),
+    #: "landlock" (no namespaces) or "auto"
     backend: str = "bubblewrap"
+    #: let "auto" fall back to the landlock backend where user namespaces are refused
+    #: (user policy or --policy only)
+    allow_degraded: bool = False
 
 
 @record
@@ -360,9 +369,11 @@ class Policy:
         if self.mcp.allow_always:
             # Only when set, so that the digest of every other policy stays as it was.
             data["mcp"] = {"allow_always": True}
-        if self.container.backend != "bubblewrap":
+        if self.container.backend != "bubblewrap" or self.container.allow_degraded:
             # Only when not the default, as for [mcp]: other digests stay as they were.
             data["container"] = {"backend": self.container.backend}
+            if self.container.allow_degraded:
+                data["container"]["allow_degraded"] = True
         return data
 
     def digest(self) -> str:

@@ -170,7 +170,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
             '"bubblewrap"',
             '"bubblewrap" (namespaces on the host kernel) or "gvisor" (runsc: a kernel of '
             "its own in user space; slower, see docs/gvisor.md); a workspace file may choose "
-            '"gvisor", never go back to "bubblewrap"',
+            '"gvisor", never go back to "bubblewrap"; "landlock": no namespaces, for hosts '
+            "that refuse user namespaces, confined by Landlock and seccomp alone (what it "
+            'loses: docs/security-model.md, stockade doctor); "auto": bubblewrap where user '
+            "namespaces work, else landlock only with allow_degraded",
+        ),
+        "allow_degraded": Key(
+            "bool",
+            "false",
+            'let backend = "auto" fall back to "landlock" where user namespaces are refused; '
+            "user policy or --policy only",
         ),
     },
     # The MCP server (stockade mcp): how it may ask the user through the MCP client.

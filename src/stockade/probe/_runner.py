@@ -43,6 +43,7 @@ from stockade.model import (
     evaluate,
     exercised_layers,
     kernel_only,
+    lost_without_namespaces,
     subsets,
 )
 from stockade.policy import LAYERS, Policy
@@ -64,6 +65,7 @@ FIXED: dict[str, dict[str, str]] = {
         "container": "always on under gvisor: runsc is the container, and the runtime "
         "refuses gvisor without it rather than run on the host kernel",
     },
+    "landlock": {},
 }
 
 
@@ -139,6 +141,9 @@ class Report:
     #: the scenario's actions that only a kernel of the sandbox's own stops (the model:
     #: through every bubblewrap layer, stopped under gvisor)
     kernel_only: tuple[str, ...] = ()
+    #: the scenario's attacks the bubblewrap backend stops and the landlock backend (no
+    #: namespaces) lets through, by the model with every layer on
+    lost_without_namespaces: tuple[str, ...] = ()
 
     @property
     def measured_layers(self) -> tuple[str, ...]:
@@ -178,6 +183,7 @@ class Report:
             # the HTML figure's rings: every layer that is on in some run
             "rings": list(canonical((*self.fixed, *self.switchable))),
             "kernel_only": list(self.kernel_only),
+            "lost_without_namespaces": list(self.lost_without_namespaces),
             "actions": self.actions,
             "build": {
                 k: {"enforceable": v.enforceable, "detail": v.detail} for k, v in self.build.items()
@@ -365,6 +371,7 @@ def capabilities(
     :func:`_inspect_check`). The backend is the scenario policy's.
     """
     gvisor = scenario.policy.container.backend == "gvisor"
+    landlock = scenario.policy.container.backend == "landlock"
     plan = {"evidence": {"env": CONTROL_ENV, "file": str(w.control_file), "content": w.canary}}
     ws = scenario.policy.filesystem.workspace
     (ws / PLAN_NAME).write_text(json.dumps(plan))
@@ -418,6 +425,20 @@ def capabilities(
             f"({get('files', 'control_error')}); switching files changes nothing here",
             "an ungranted host file was readable under gvisor: the mount plan exposes it",
         )
+    elif landlock:
+        verdict(
+            "container",
+            get("container", "ns_pid") == host_ns["pid"],
+            "no namespaces (landlock backend): the launcher stays the command's parent as "
+            "a child subreaper and kills what it leaves (the leave-a-process row shows it)",
+            "the command ran in a PID namespace of its own under the landlock backend",
+        )
+        verdict(
+            "files",
+            get("files", "control_read") is False,
+            f"a read of an ungranted host file failed ({get('files', 'control_error')})",
+            "with only the files layer on, a host file outside every grant was readable",
+        )
     else:
         verdict(
             "container",
@@ -447,17 +468,26 @@ def capabilities(
     )
     netns = get("egress", "ns_net")
     proxy = get("egress", "proxy") is True
-    verdict(
-        "egress",
-        netns not in (None, host_ns["net"]) and proxy,
-        "own network namespace, proxy variables set",
-        (
-            "own network namespace but no proxy: this build starts no egress proxy, so "
-            "allowed hosts are unreachable"
-            if netns not in (None, host_ns["net"])
-            else "the host network namespace is shared"
-        ),
-    )
+    if landlock:
+        verdict(
+            "egress",
+            netns == host_ns["net"] and proxy,
+            "no network namespace (landlock backend): connect() reaches the proxy's port "
+            "alone (Landlock) and inet sockets are TCP alone (seccomp); proxy variables set",
+            "no proxy variables under the landlock backend",
+        )
+    else:
+        verdict(
+            "egress",
+            netns not in (None, host_ns["net"]) and proxy,
+            "own network namespace, proxy variables set",
+            (
+                "own network namespace but no proxy: this build starts no egress proxy, so "
+                "allowed hosts are unreachable"
+                if netns not in (None, host_ns["net"])
+                else "the host network namespace is shared"
+            ),
+        )
     if not out_builds["egress"].enforceable:
         out_builds["inspect"] = LayerBuild(
             "inspect", False, "inspect acts in the egress proxy, which this build does not run"
@@ -632,6 +662,7 @@ def probe(
             fixed=fixed,
             runsc=runsc or "",
             kernel_only=kernel_only(boundary, first.actions),
+            lost_without_namespaces=lost_without_namespaces(boundary, first.actions),
         )
         if all(build[lay].enforceable for lay in fixed):
             for subset in subsets(report.measured_layers):

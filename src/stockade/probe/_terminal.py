@@ -45,6 +45,9 @@ def backend_summary(report: dict[str, Any]) -> str:
             + (f", {gvisor / bwrap:.1f}x" if bwrap > 0 else "")
             + ")"
         )
+    landlock = figures.get("landlock")
+    if landlock is not None and bwrap is not None:
+        cost += f"; landlock (no namespaces) {landlock:.1f} ms"
     only = report.get("kernel_only") or []
     if not only:
         return (
@@ -92,6 +95,13 @@ def render(report: dict[str, Any], *, colour: bool = False) -> str:
         if layer == "container":
             # The runtime's cost beside what only the runtime's own kernel stops.
             lines.append(f"      {backend_summary(report)}")
+            lost = report.get("lost_without_namespaces") or []
+            if report.get("backend") == "landlock":
+                lines.append(
+                    "      without namespaces (landlock) this scenario loses, beside "
+                    f"bubblewrap: {', '.join(lost) or 'nothing'} ('stockade doctor' lists "
+                    "what no action here names)"
+                )
     lines.append("")
     runs = report["runs"]
     width = max([len(a["id"]) for a in report["actions"]] + [6])

@@ -274,6 +274,13 @@ class RunProxy:
         self._captured: set[int] = set(capture_ports or ())
         self._capture_lock = threading.Lock()
 
+    def serve_listener(self, sock: socket.socket) -> None:
+        """Serve the proxy on ``sock``, a listener of the host (the landlock backend,
+        which has no namespace to make one in)."""
+        self._serving.append(
+            asyncio.run_coroutine_threadsafe(self.proxy.serve_socket(sock), self.loop)
+        )
+
     def _dns_event(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
         self.audit.decision(event, decision, **fields)
 

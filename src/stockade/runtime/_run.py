@@ -108,6 +108,11 @@ def _gvisor(policy: Policy) -> bool:
     return policy.container.backend == "gvisor"
 
 
+def _landlock_backend(policy: Policy) -> bool:
+    """Whether this run has no namespaces (``[container] backend = "landlock"``)."""
+    return policy.container.backend == "landlock"
+
+
 def _require_layers(policy: Policy) -> str | None:
     """Check every requested layer can be applied; return the bwrap path when needed."""
     layers = policy.layers
@@ -120,6 +125,10 @@ def _require_layers(policy: Policy) -> str | None:
                 '[container] backend = "gvisor" with the container layer off',
                 "keep the container layer on, or choose --backend bubblewrap",
             )
+    elif _landlock_backend(policy):
+        from stockade.runtime import _landlock
+
+        _landlock.require(files=layers.files, egress=layers.egress)
     elif layers.container or layers.egress:
         # Whether user namespaces work is learnt from bwrap's status fd on the real run
         # (a failed set-up never starts the command); probing first would cost a run.
@@ -265,6 +274,14 @@ def execute(request: RunRequest) -> RunResult:
     policy = request.policy
     if not request.argv:
         raise SandboxError("no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]")
+    if policy.container.backend == "auto":
+        from stockade.runtime._landlock import choose_backend
+
+        policy = choose_backend(policy)
+    if _landlock_backend(policy):
+        from stockade.runtime._landlock import for_landlock
+
+        policy = for_landlock(policy)
     bwrap = _require_layers(policy)
     runsc = None
     if _gvisor(policy):
@@ -328,7 +345,10 @@ def _execute(
     layers = policy.layers
     # Timestamps on disk come from the kernel's coarse clock: a margin, not an instant.
     wall_started = time.time() - 1.0
-    support = _cgroup_support(policy) if bwrap is not None or runsc is not None else None
+    landlock = _landlock_backend(policy)
+    support = (
+        _cgroup_support(policy) if bwrap is not None or runsc is not None or landlock else None
+    )
     audit.emit(
         "run_start",
         policy_hash=policy.digest(),
@@ -362,7 +382,9 @@ def _execute(
     )
     # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
     # The gVisor entry always speaks the handshake (it makes the namespaces, then waits).
-    handshake = support is not None or needs_proxy or runsc is not None
+    handshake = not landlock and (support is not None or needs_proxy or runsc is not None)
+    #: the landlock backend's run (None under bubblewrap or gVisor)
+    ll: Any = None
 
     protection = paths.Protection((), (), ())
     claim: _placeholders.Claim | None = None
@@ -384,16 +406,22 @@ def _execute(
                         policy,
                         caller_env,
                         scratch.path,
-                        bubblewrap.STOCKADE_DIR if layers.container else None,
+                        bubblewrap.STOCKADE_DIR if layers.container and not landlock else None,
                         approvals=approval,
                     )
                     own_plan = True
+            extra_env = egress_plan.env if egress_plan else None
+            if landlock:
+                from stockade.runtime._landlock import LandlockRun
+
+                ll = LandlockRun(policy, audit, egress_plan, cgroup=support is not None)
+                extra_env = ll.env
             env_plan = environment.build_environment(
                 caller_env,
                 policy.env,
                 home=str(home),
                 enabled=layers.secrets,
-                extra=egress_plan.env if egress_plan else None,
+                extra=extra_env,
             )
             for name in env_plan.withheld_credentials:
                 # The policy working, not something the command tried: in the log, but
@@ -434,9 +462,14 @@ def _execute(
             )
             use_pty = terminal.interactive
             use_launcher = (
-                layers.files or layers.syscalls or layers.limits or use_pty or not layers.container
+                layers.files
+                or layers.syscalls
+                or layers.limits
+                or use_pty
+                or not layers.container
+                or landlock
             )
-            if layers.container:
+            if layers.container and not landlock:
                 claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
                 launcher_binds = (
                     layers.files and use_launcher and runsc is None and _host.mount_api()
@@ -497,9 +530,10 @@ def _execute(
                 )
                 child_env = env_plan.env
             else:
-                if narrowed:
-                    # Without a mount namespace nothing can hold them read-only: Landlock
-                    # only grants. Refuse rather than let the sandbox rewrite stockade.
+                if narrowed and (ll is None or not layers.files):
+                    # Without a mount namespace nothing can hold them read-only but a split
+                    # Landlock grant (the landlock backend's, files layer on). Refuse
+                    # rather than let the sandbox rewrite stockade.
                     raise Unavailable(
                         f"keeping {narrowed[0].describe()} without the container layer",
                         "keep the container layer on, or narrow the grant",
@@ -511,13 +545,17 @@ def _execute(
                         f"filesystem.deny without the container layer (matches {(*deny.files, *deny.dirs)[0]})",
                         "keep the container layer on, or remove the deny entries that match",
                     )
-                audit.emit(
-                    "layer_note",
-                    layer="container",
-                    verdict="report",
-                    reason="path-protected",
-                    detail="protected paths (.git/hooks, .claude/, ...) need the container layer; they are writable in this run",
-                )
+                if ll is not None:
+                    # No mount namespace: Landlock keeps the protected paths (files layer).
+                    claim = ll.protect(workspace, caller_env)
+                else:
+                    audit.emit(
+                        "layer_note",
+                        layer="container",
+                        verdict="report",
+                        reason="path-protected",
+                        detail="protected paths (.git/hooks, .claude/, ...) need the container layer; they are writable in this run",
+                    )
                 # Without the container the command sees the host's file system; it
                 # gets scratch HOME and TMPDIR so that well-behaved tools stay inside
                 # what the files layer grants.
@@ -580,7 +618,7 @@ def _execute(
                 # stockade's fixed environment, and the command's rides in its spec.
                 direct = bwrap is None or not (layers.container or layers.egress)
                 prefix, launcher_fd = _launcher(
-                    policy, plan, scratch, use_pty, env=child_env if direct else None
+                    policy, plan, scratch, use_pty, env=child_env if direct else None, ll=ll
                 )
                 if bwrap is not None and (layers.container or layers.egress):
                     # bwrap execs the launcher through a descriptor (its /proc/self/fd
@@ -589,7 +627,7 @@ def _execute(
                     exe_fd = os.open(prefix[0], os.O_RDONLY | os.O_CLOEXEC)
                     prefix = [f"/proc/self/fd/{exe_fd}", *prefix[1:]]
                 command = [*prefix, *command]
-            start: _Start | None = None
+            start: Any = None
             # The cgroup is made once bwrap is starting (see _Start.release): the
             # two overlap, on another core.
             make_cgroup = (
@@ -611,6 +649,11 @@ def _execute(
                     placeholders,
                     argv=tuple(request.argv),
                 )
+            elif ll is not None:
+                # No bubblewrap to hold the command: the launcher holds itself until it
+                # is in the cgroup (LandlockRun.release).
+                ll.make_cgroup = make_cgroup
+                start = ll
             status_r = status_w = -1
             args_fd = -1
             # What stockade starts on the host starts from an environment it built
@@ -639,11 +682,14 @@ def _execute(
                 )
                 depth = 2 if plan.isolate else 1
             elif use_launcher:
-                argv, depth = command, 0
+                # The landlock backend's launcher stays the command's parent (the reaper).
+                argv, depth = command, 1 if ll is not None and ll.reaper else 0
             else:
                 # Every layer that would confine the command is off: it is the command.
                 argv, depth = command, 0
                 spawn_env = child_env
+            if ll is not None:
+                ll.start(request.argv)
             fds = [
                 fd
                 for fd in (
@@ -685,6 +731,8 @@ def _execute(
                     start.close()
                 if sandbox is not None:
                     sandbox.cleanup()
+                if ll is not None:
+                    ll.close()
                 if own_plan and egress_plan is not None:
                     egress_plan.close()
                 if staged is not None:
@@ -746,15 +794,19 @@ def _launcher(
     ctty: bool,
     *,
     env: Mapping[str, str] | None = None,
+    ll: Any = None,
 ) -> tuple[list[str], int]:
     """Build the inner launcher's spec for this run; return its argv prefix and spec fd.
     ``env``: the command's environment, carried in the spec (the launcher starts on the
-    host with stockade's own)."""
+    host with stockade's own). ``ll``: the landlock backend's run, which rewrites the
+    spec (:class:`._landlock.LandlockRun`)."""
     from stockade.enforce import launcher
 
     spec = _launcher_plan(policy, plan, scratch, ctty)
     if env is not None:
         spec = replace(spec, environment=tuple(env.items()))
+    if ll is not None:
+        spec = ll.launcher_spec(spec, scratch.path)
     return launcher.prepare(spec)
 
 
@@ -1077,6 +1129,11 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     init, and the death of a PID namespace's init kills every process in it. Without the
     container layer the command's own process group is killed too.
     """
+    from stockade.runtime._landlock import kill_descendants
+
+    # Without a PID namespace (the landlock backend) a process that left the group is
+    # still below the launcher, a child subreaper: kill the whole tree from there.
+    kill_descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
@@ -1128,11 +1185,19 @@ def _bwrap_started(status_r: int) -> bool:
     return b'"child-pid"' in data
 
 
-def _explain_bwrap_failure(returncode: int) -> None:
-    """bwrap failed before the command ran: say why, as a refusal (fail closed)."""
+def _explain_userns() -> None:
+    """Raise :class:`Unavailable` (with the fix and the fallback) when user namespaces
+    are what kept bubblewrap from starting; else return."""
     check = _host.userns_check()
     if not check.ok:
-        raise Unavailable(f"user namespaces ({check.detail})", check.fix)
+        from stockade.runtime._landlock import FALLBACK_HINT
+
+        raise Unavailable(f"user namespaces ({check.detail})", f"{check.fix}; {FALLBACK_HINT}")
+
+
+def _explain_bwrap_failure(returncode: int) -> None:
+    """bwrap failed before the command ran: say why, as a refusal (fail closed)."""
+    _explain_userns()
     raise SandboxError(
         f"bubblewrap could not set up the sandbox (exit {returncode}; its message is above); "
         "the command did not run. 'stockade doctor' checks this host"
@@ -1265,7 +1330,12 @@ class _Start:
                         f"cannot create the placeholder {exc.filename} of a protected path "
                         f"({exc.strerror}); the command did not run"
                     ) from exc
-            pid = read_child_pid(self.info_r)
+            try:
+                pid = read_child_pid(self.info_r)
+            except SandboxError:
+                self.info_r = -1
+                _explain_userns()
+                raise
             self.info_r = -1
             if self.cgroup is not None:
                 try:

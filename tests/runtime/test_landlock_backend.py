@@ -1,0 +1,496 @@
+"""The landlock backend on a host that refuses user namespaces (issue 28).
+
+The restriction is made real without touching the host's settings: stockade runs under
+a parent that loads stockade's own seccomp filter (as container runtimes load theirs),
+which refuses ``unshare``/``clone`` with ``CLONE_NEWUSER``; bubblewrap then cannot start,
+as on a host with ``user.max_user_namespaces=0``. Each case runs as root and as uid
+65534. Servers listen on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.runtime import _host
+from tests.conftest import World, _nobody_python, as_nobody, require
+
+#: run argv[1:] with CLONE_NEWUSER refused (stockade's own filter), after checking it is
+_RESTRICT = r"""
+import ctypes, errno, os, sys
+from stockade.enforce import seccomp
+bpf = seccomp.build_filter()
+libc = ctypes.CDLL(None, use_errno=True)
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+buf = ctypes.create_string_buffer(bpf, len(bpf))
+prog = Prog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(nr, 1, 0, ctypes.byref(prog)) != 0:
+    sys.exit("restrict: cannot load the filter")
+if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != errno.EPERM:
+    sys.exit("restrict: unshare(CLONE_NEWUSER) still works")
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+#: run inside: one JSON line of what got through
+_INSIDE = r"""
+import json, os, socket, sys, urllib.request
+port, other, proxy_port = int(sys.argv[1]), int(sys.argv[2]), 0
+out = {}
+url = os.environ.get("HTTP_PROXY", "")
+out["proxy_env"] = url
+proxy_port = int(url.rsplit(":", 1)[1]) if url else 0
+try:
+    with urllib.request.urlopen(f"http://a.test:{port}/via-proxy", timeout=5) as r:
+        out["via_proxy"] = r.status
+except Exception as e:
+    out["via_proxy"] = repr(e)
+def tcp(host, p):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, p))
+        s.sendall(b"GET /direct HTTP/1.0\r\n\r\n")
+        return "connected"
+    except OSError as e:
+        return e.errno
+    finally:
+        s.close()
+out["direct_same_port"] = tcp("127.0.0.1", port)
+out["direct_other_host"] = tcp("127.0.0.2", other)
+out["other_host_proxy_port"] = tcp("127.0.0.2", proxy_port) if proxy_port else None
+for name, kind in (("udp", socket.SOCK_DGRAM), ("raw", socket.SOCK_RAW)):
+    try:
+        socket.socket(socket.AF_INET, kind).close()
+        out[name] = "made"
+    except OSError as e:
+        out[name] = e.errno
+try:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close()
+    out["packet"] = "made"
+except (OSError, AttributeError) as e:
+    out["packet"] = getattr(e, "errno", "none")
+s = socket.socket()
+try:
+    s.sendto(b"x", 0x20000000, ("127.0.0.1", port))
+    out["fastopen"] = "sent"
+except OSError as e:
+    out["fastopen"] = e.errno
+finally:
+    s.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[int, list[str]]]:
+    """An HTTP server on 127.0.0.1 recording the paths it was asked for."""
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            body = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1]), paths
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(params=["root", "nobody"])
+def who(request: pytest.FixtureRequest) -> str:
+    require(_host.landlock_abi() >= 4, "Landlock ABI 4 (network rules) is not available")
+    if request.param == "root":
+        require(os.getuid() == 0, "not running as root")
+    else:
+        require(os.getuid() == 0, "switching to uid 65534 needs root")
+        require(shutil.which("setpriv") is not None, "no setpriv")
+    return str(request.param)
+
+
+def _python_for(who: str) -> str:
+    if who == "root":
+        return sys.executable
+    # one that a process of uid 65534 can exec itself: the restricting parent execs it
+    python = _nobody_python(from_any_process=True)
+    require(python is not None, "no Python >= 3.11 that uid 65534 can execute")
+    assert python is not None
+    return python
+
+
+def restricted(
+    world: World, who: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``stockade ARGS`` under a parent that refuses CLONE_NEWUSER, as ``who``."""
+    python = _python_for(who)
+    command = [python, "-c", _RESTRICT, python, "-m", "stockade"]
+    if who == "root":
+        return subprocess.run(
+            [*command, *args],
+            cwd=world.workspace,
+            env=world.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    return as_nobody(world, *args, timeout=timeout, command=command)
+
+
+def _policy(world: World, text: str) -> Path:
+    path = world.root / "policy.toml"
+    path.write_text("version = 1\n" + text)
+    return path
+
+
+def test_default_backend_fails_closed_with_the_fallback_hint(world: World, who: str) -> None:
+    marker = world.workspace / "ran"
+    proc = restricted(world, who, "run", "--", "touch", str(marker))
+    assert proc.returncode == 125, proc.stderr
+    assert "user namespaces" in proc.stderr
+    assert "--backend landlock" in proc.stderr
+    assert not marker.exists()
+    # auto without allow_degraded: the same refusal, never a silent fallback
+    proc = restricted(world, who, "run", "--backend", "auto", "--", "touch", str(marker))
+    assert proc.returncode == 125, proc.stderr
+    assert "allow_degraded" in proc.stderr
+    assert not marker.exists()
+
+
+def test_auto_with_allow_degraded_runs_under_landlock(world: World, who: str) -> None:
+    policy = _policy(world, '[container]\nbackend = "auto"\nallow_degraded = true\n')
+    (world.workspace / "out").mkdir()
+    proc = restricted(
+        world,
+        who,
+        "run",
+        "--policy",
+        str(policy),
+        "--",
+        "sh",
+        "-c",
+        "echo in > out/made; cat out/made",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "in"
+    assert "landlock backend" in proc.stderr
+
+
+def test_landlock_files_and_protected_paths(world: World, who: str) -> None:
+    ws = world.workspace
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    (ws / "src").mkdir()
+    (ws / "src" / "app.py").write_text("x = 1\n")
+    (ws / ".envrc").write_text("# user's\n")
+    script = (
+        'r() { if eval "$1" 2>/dev/null; then echo "$2 done"; else echo "$2 blocked"; fi; }; '
+        "r 'cat README >/dev/null' read-ws; "
+        "r 'echo y >> src/app.py' write-existing; "
+        "r 'mkdir src/new && echo z > src/new/f' create-in-subdir; "
+        "r 'echo evil > .git/hooks/pre-commit' git-hook; "
+        "r 'echo evil >> .envrc' envrc; "
+        "r 'rm -f .envrc && test ! -e .envrc' rm-envrc; "
+        "r 'echo x >> .git/config' git-config; "
+        f"r 'cat {world.home}/.ssh/id_rsa' read-ssh; "
+        f"r 'echo x >> {world.home}/.bashrc' write-bashrc; "
+        "r 'echo new > top-level-new' new-top-level; "
+        "r 'cat /etc/passwd >/dev/null' read-etc; "
+        "r 'cat /etc/shadow >/dev/null' read-shadow; "
+        "r 'echo x > /dev/null' write-devnull; "
+        "r 'ls /dev/pts >/dev/null' list-pts"
+    )
+    proc = restricted(world, who, "run", "--backend", "landlock", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    got = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines())
+    assert got == {
+        "read-ws": "done",
+        "write-existing": "done",
+        "create-in-subdir": "done",
+        "git-hook": "blocked",
+        "envrc": "blocked",
+        "rm-envrc": "blocked",
+        "git-config": "blocked",
+        "read-ssh": "blocked",
+        "write-bashrc": "blocked",
+        # the stated cost: nothing new directly in a directory holding protected paths
+        "new-top-level": "blocked",
+        "read-etc": "done",
+        # no mask without a mount namespace: the read grant is split around it (root
+        # could read it otherwise, uid 65534 cannot either way)
+        "read-shadow": "blocked",
+        "write-devnull": "done",
+        # the user's other terminals are there
+        "list-pts": "blocked",
+    }, proc.stdout
+    assert (ws / ".envrc").read_text() == "# user's\n"
+    assert "evil" not in (ws / ".git" / "config").read_text()
+    assert (world.home / ".bashrc").read_text() == "# bashrc\n"
+    assert (ws / "src" / "new" / "f").read_text() == "z\n"
+
+
+def test_stockade_dirs_are_never_writable(world: World, who: str) -> None:
+    # The workspace holds stockade's own configuration: still read-only inside.
+    world.env["XDG_CONFIG_HOME"] = str(world.workspace / "cfg")
+    config = world.workspace / "cfg" / "stockade"
+    config.mkdir(parents=True)
+    (config / "policy.toml").write_text("version = 1\n")
+    other = world.workspace / "cfg" / "other"
+    other.mkdir()
+    script = (
+        f"echo 'x' >> {config}/policy.toml && echo config-written; "
+        f"echo ok > {other}/f && echo other-written"
+    )
+    proc = restricted(
+        world,
+        who,
+        "run",
+        "--backend",
+        "landlock",
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["other-written"], proc.stdout + proc.stderr
+    assert (config / "policy.toml").read_text() == "version = 1\n"
+
+
+def test_landlock_egress_through_the_proxy_only(
+    world: World, who: str, server: tuple[int, list[str]]
+) -> None:
+    port, paths = server
+    other = socket.socket()
+    other.bind(("127.0.0.2", 0))
+    other.listen()
+    other_port = other.getsockname()[1]
+    policy = _policy(
+        world, f'[network]\nallow = ["a.test:{port}"]\n[network.hosts]\n"a.test" = "127.0.0.1"\n'
+    )
+    (world.workspace / "inside.py").write_text(_INSIDE)
+    try:
+        proc = restricted(
+            world,
+            who,
+            "run",
+            "--backend",
+            "landlock",
+            "--policy",
+            str(policy),
+            "--",
+            "/usr/bin/python3",
+            "inside.py",
+            str(port),
+            str(other_port),
+        )
+    finally:
+        other.close()
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["proxy_env"].startswith("http://127.0.0.1:")
+    assert out["via_proxy"] == 200
+    assert paths == ["/via-proxy"]  # the direct attempt never reached the server
+    eacces, eperm = 13, 1
+    # Landlock: connect() to any port but the proxy's
+    assert out["direct_same_port"] == eacces
+    assert out["direct_other_host"] == eacces
+    # seccomp: TCP alone, and no connect hidden in sendto(MSG_FASTOPEN)
+    assert out["udp"] == eperm
+    assert out["raw"] == eperm
+    assert out["packet"] == eperm
+    assert out["fastopen"] == eperm
+    # What the model says gets through (the rule names a port, not an address): another
+    # host on the proxy's port. Nothing listens there, so the kernel answers, not Landlock.
+    assert out["other_host_proxy_port"] == 111  # ECONNREFUSED
+
+
+def test_landlock_reaps_what_the_command_leaves(world: World, who: str) -> None:
+    marker = world.root / "daemon-alive"
+    tag = f"stockade-ll-{os.getpid()}-{time.monotonic_ns()}"
+    script = (
+        f"(setsid /usr/bin/python3 -c 'import time; time.sleep(30)' {tag} >/dev/null 2>&1 </dev/null &) ; "
+        f"(sh -c 'sleep 2; touch {marker}' &) ; sleep 0.5; pgrep -f {tag} >/dev/null && "
+        "echo started"
+    )
+    proc = restricted(world, who, "run", "--backend", "landlock", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "started"
+    time.sleep(3)
+    assert not marker.exists()
+    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", left.stdout
+    # Twin: the same daemon outlives the command when the container layer (the reaper)
+    # is off, as the model says.
+    proc = restricted(
+        world,
+        who,
+        "run",
+        "--backend",
+        "landlock",
+        "--disable",
+        "container",
+        "--",
+        "sh",
+        "-c",
+        f"(setsid /usr/bin/python3 -c 'import time; time.sleep(30)' {tag} >/dev/null 2>&1 </dev/null &) ; echo started",
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr
+        time.sleep(0.5)
+        left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True, check=False)
+        assert left.stdout.strip() != ""
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", tag], check=False)
+
+
+def test_landlock_timeout_kills_the_tree(world: World, who: str) -> None:
+    tag = f"stockade-llt-{os.getpid()}-{time.monotonic_ns()}"
+    proc = restricted(
+        world,
+        who,
+        "run",
+        "--backend",
+        "landlock",
+        "--timeout",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        f"(setsid /usr/bin/python3 -c 'import time; time.sleep(30)' {tag} >/dev/null 2>&1 </dev/null &) ; sleep 30",
+    )
+    assert proc.returncode == 124, proc.stderr
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", left.stdout
+
+
+# root only: the demo runs the installed stockade as its caller
+@pytest.mark.parametrize("who", ["root"], indirect=True)
+def test_landlock_runs_the_bundled_demo(world: World, who: str) -> None:
+    demo = Path(__file__).resolve().parents[2] / "examples" / "compromised" / "demo.py"
+    python = sys.executable
+    proc = subprocess.run(
+        [python, "-c", _RESTRICT, python, str(demo), "--backend", "landlock"],
+        env=world.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unneeded actions still open: 0   needed actions broken: 0" in proc.stdout
+
+
+def test_doctor_names_the_restriction_the_fix_and_the_fallback(world: World, who: str) -> None:
+    proc = restricted(world, who, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    found = checks["userns restrictions"]
+    assert found["ok"] is False
+    assert "unshare(CLONE_NEWUSER) fails with EPERM under a seccomp filter" in found["detail"]
+    assert "seccompProfile" in found["fix"]
+    backend = checks["landlock backend"]
+    assert backend["ok"] is True
+    assert "--backend landlock" in backend["fix"]
+    assert any("host-socket" in line for line in backend["loses"])
+    # Twin: on this host without the restricting parent nothing is found.
+    plain = subprocess.run(
+        [sys.executable, "-m", "stockade", "doctor", "--json"],
+        env=world.env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    checks = {c["name"]: c for c in json.loads(plain.stdout)}
+    if checks["user namespaces"]["ok"]:
+        assert checks["userns restrictions"]["ok"] is True
+        assert checks["landlock backend"]["fix"] == ""
+
+
+# root only: the probe's fixture world is made by its caller
+@pytest.mark.parametrize("who", ["root"], indirect=True)
+def test_probe_under_landlock_agrees_with_the_model(world: World, who: str) -> None:
+    # The scenario's attacks under every subset, on a host that refuses user namespaces:
+    # each row's outcome is the model's under landlock (held where it says the backend
+    # stops it, through where it says not).
+    proc = restricted(
+        world,
+        who,
+        "probe",
+        "--backend",
+        "landlock",
+        "--cost-runs",
+        "0",
+        "--json",
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["backend"] == "landlock"
+    assert data["agreement"]["agree"] == data["agreement"]["total"] > 0
+    assert all(data["build"][layer]["enforceable"] for layer in ("files", "container", "egress"))
+    survive = [r["cells"]["survive"] for r in data["runs"] if "container" in r["layers"]]
+    assert survive
+    assert all(c["measured"] == "stopped" for c in survive)
+
+
+# root only: the cgroup this host delegates is root's
+@pytest.mark.parametrize("who", ["root"], indirect=True)
+def test_landlock_run_in_a_cgroup_caps_the_pids(world: World, who: str) -> None:
+    from stockade.enforce import limits
+
+    require(limits.detect() is not None, "no cgroup can be made here")
+    policy = _policy(world, "[limits]\npids = 16\n")
+    (world.workspace / "forks.py").write_text(
+        "import os, signal, time\n"
+        "print('in-cgroup' if 'stockade' in open('/proc/self/cgroup').read() else 'outside')\n"
+        "pids = []\n"
+        "for _ in range(40):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(5)\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "print(len(pids))\n"
+        "for pid in pids:\n"
+        "    os.kill(pid, signal.SIGKILL)\n"
+    )
+    base = ("run", "--backend", "landlock", "--policy", str(policy))
+    capped = restricted(world, who, *base, "--", "/usr/bin/python3", "forks.py")
+    assert capped.returncode == 0, capped.stderr
+    where, count = capped.stdout.split()
+    assert where == "in-cgroup"
+    assert int(count) < 16
+    # Twin: with the limits layer off there is no cgroup, and every fork succeeds.
+    free = restricted(
+        world, who, *base, "--disable", "limits", "--", "/usr/bin/python3", "forks.py"
+    )
+    assert free.returncode == 0, free.stderr
+    assert free.stdout.split() == ["outside", "40"]
