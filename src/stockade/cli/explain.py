@@ -13,6 +13,7 @@ a user namespace) it says which layers stop it under each runtime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -86,8 +87,9 @@ def _broad_note(entry: str) -> str | None:
 def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
     """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data, under the
     container runtime ``backend`` (default: the policy's)."""
-    from stockade.model import Action, Boundary, Kind, RuleHost, evaluate
+    from stockade.model import Action, Boundary, Kind, evaluate
     from stockade.policy import LAYERS, Policy
+    from stockade.policy._hosts import normalize_host, parse_pattern
     from stockade.policy._model import BACKENDS
     from stockade.probe import scenarios
 
@@ -98,7 +100,9 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
     destinations = []
     for entry in policy.network.allow:
         host = entry.split(":")[0].removeprefix("*.")
-        rules = [r for r in policy.network.rules if RuleHost.parse(r.host).matches(host, 443)]
+        with contextlib.suppress(ValueError):
+            host = normalize_host(host)  # the spelling the proxy decides on
+        rules = [r for r in policy.network.rules if parse_pattern(r.host).matches(host, 443)]
         letting = [r for r in rules if r.action != "deny"]
         methods = sorted({m for r in letting for m in r.methods}) if rules else ["any"]
         if any(not r.methods for r in letting):

@@ -52,6 +52,7 @@ from stockade.egress.dns import AddressPool, DnsServer
 from stockade.egress.upstream import Transport, resolve_upstream
 from stockade.enforce.environment import trust_paths
 from stockade.policy import Decision, Policy
+from stockade.policy._inspect import wants_inspection
 
 #: The port the proxy listens on inside every sandbox (its own network namespace).
 PROXY_PORT = 3128
@@ -123,9 +124,7 @@ def resolver_files(scratch: Path, hostname: str, isolate: bool) -> list[tuple[Pa
 
 def inspects(policy: Policy) -> bool:
     """Whether the inspect layer has anything to do for ``policy``."""
-    return policy.layers.inspect and bool(
-        policy.network.rules or policy.secrets or policy.labels.configured
-    )
+    return wants_inspection(policy)
 
 
 class EgressPlan:

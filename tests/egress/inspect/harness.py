@@ -29,7 +29,7 @@ from stockade.egress.inspect import (
 )
 from stockade.policy import parse_policy_text
 
-HOSTS = ("api.test", "registry.test", "other.test")
+HOSTS = ("api.test", "registry.test", "other.test", "xn--strae-oqa.test")
 
 
 @dataclass

@@ -225,3 +225,34 @@ def test_plain_http_to_an_inspected_host_is_refused(tmp_path: Path) -> None:
             assert p.upstream.received == []
 
     run(go())
+
+
+IDN_POLICY = """
+[network]
+allow = ["straße.test"]
+hosts = {{ "straße.test" = "127.0.0.1" }}
+tls_ports = [{port}]
+tls = {{ upstream_ca = "{ca}" }}
+
+[[network.rules]]
+host = "straße.test"
+methods = ["GET"]
+"""
+
+
+def test_rules_on_an_idn_host_are_enforced(tmp_path: Path) -> None:
+    """A rule on straße.test applies to the A-label the allow-list admits (IDNA 2008):
+    the host is intercepted, PUT is refused, its GET twin passes."""
+
+    async def go() -> None:
+        async with proxied(tmp_path, IDN_POLICY) as p:
+            host = "xn--strae-oqa.test"
+            put = await asyncio.to_thread(p.https, host, "PUT", "/x", body=b"data")
+            assert put.status == 403
+            assert put.headers["x-stockade-reason"] == "no-rule-matched"
+            get = await asyncio.to_thread(p.https, host, "GET", "/x")
+            assert get.status == 200
+            assert [r.method for r in p.upstream.received] == ["GET"]
+            assert [e["method"] for e in p.events("net_request")] == ["PUT", "GET"]
+
+    run(go())

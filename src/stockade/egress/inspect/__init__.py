@@ -28,7 +28,6 @@ from stockade.egress.inspect._http import normalise_target as normalise_target
 from stockade.egress.inspect._inspector import Inspector as Inspector
 from stockade.egress.inspect._inspector import RequestPlan as RequestPlan
 from stockade.egress.inspect._inspector import RequestRecord as RequestRecord
-from stockade.egress.inspect._rules import HostMatch as HostMatch
 from stockade.egress.inspect._rules import RuleSet as RuleSet
 from stockade.egress.inspect._secrets import Pattern as Pattern
 from stockade.egress.inspect._secrets import PatternSet as PatternSet
@@ -52,7 +51,6 @@ from stockade.egress.inspect._tunnel import TunnelStats as TunnelStats
 __all__ = [
     "PINNING_MESSAGE",
     "CertificateAuthority",
-    "HostMatch",
     "InspectLayer",
     "InspectingTunnel",
     "Inspector",

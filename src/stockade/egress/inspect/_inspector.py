@@ -37,10 +37,8 @@ from stockade.egress.inspect._secrets import (
     with_encodings,
 )
 from stockade.policy import Decision, Policy, Reason
-
-#: methods refused on inspected hosts: TRACE/TRACK echo the request (and an injected
-#: credential) back; CONNECT inside a tunnel would open an unexamined one
-REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT"})
+from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
+from stockade.policy._inspect import InspectScope
 
 
 @dataclass(slots=True)
@@ -142,6 +140,12 @@ class Inspector:
         self.labels = tuple(labels)
         self.labels_configured = bool(labels) if labels_configured is None else labels_configured
         self.encodings = encodings
+        #: which hosts are intercepted: the one answer the model gives too
+        self.scope = InspectScope(
+            self.rules.hosts,
+            tuple(h for s in self.secrets.secrets for h in s.hosts),
+            self.labels_configured,
+        )
         self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
         self._scans: dict[tuple[str, int], HostScans] = {}
 
@@ -175,11 +179,7 @@ class Inspector:
         A host is inspected when a rule names it, a secret is bound to it, or labels are
         configured (then every TLS host is, since labelled data may go anywhere).
         """
-        return (
-            self.labels_configured
-            or self.rules.ruled(host, port)
-            or bool(self.secrets.bound(host, port))
-        )
+        return self.scope.inspected(host, port)
 
     def patterns(self, host: str, port: int) -> tuple[Pattern, ...]:
         """What requests to ``host:port`` are scanned for."""
