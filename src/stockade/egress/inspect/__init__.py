@@ -18,6 +18,7 @@ How the runtime and the proxy use it:
 
 from stockade.egress.inspect._ca import CertificateAuthority as CertificateAuthority
 from stockade.egress.inspect._ca import Leaf as Leaf
+from stockade.egress.inspect._ca import load_ca as load_ca
 from stockade.egress.inspect._ca import system_roots_path as system_roots_path
 from stockade.egress.inspect._ca import trust_environment as trust_environment
 from stockade.egress.inspect._ca import user_ca_dir as user_ca_dir
@@ -72,6 +73,7 @@ __all__ = [
     "base64_cores",
     "encodings",
     "label_patterns",
+    "load_ca",
     "normalise_target",
     "system_roots_path",
     "trust_environment",
