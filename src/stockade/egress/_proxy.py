@@ -47,6 +47,7 @@ from stockade.egress.upstream import (
 )
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._inspect import echo_refusal
 
 __all__ = ["AuditCallback", "EgressProxy", "Interceptor", "Resolver"]
 
@@ -1004,6 +1005,15 @@ class EgressProxy:
             return False
         # The path without the query: queries often carry tokens that must not be logged.
         record.extra["path"] = _printable(target.path.split(b"?", 1)[0].decode("latin-1"), 256)
+        echo = echo_refusal(record.extra["method"], (n for n, _ in request.headers))
+        if echo is not None:
+            # Before any decision, lookup or dial: nothing of it reaches a hop that
+            # could answer with it (the upstream proxy's credentials included).
+            if origin is None:
+                record.host, record.port = _printable(target.host), target.port
+            record.decision = _deny(Reason.BAD_REQUEST, echo)
+            await client.send(_http.error_response(405, Reason.BAD_REQUEST, echo))
+            return False
         address = await self._vet(target.host, target.port, record)
         if (
             address is not None

@@ -6,6 +6,8 @@ assembly (``build_proxy``), the gateway, the model and ``stockade explain``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from stockade.policy._hosts import HostPattern, parse_pattern
 from stockade.policy._model import Policy
 
@@ -13,6 +15,7 @@ __all__ = [
     "ECHO_METHODS",
     "REFUSED_METHODS",
     "InspectScope",
+    "echo_refusal",
     "inspected",
     "wants_inspection",
 ]
@@ -26,6 +29,22 @@ ECHO_METHODS: frozenset[str] = frozenset({"TRACE", "TRACK"})
 #: refused inside an inspected tunnel: the echo methods, and CONNECT, which would open
 #: a tunnel in the tunnel that nothing examines
 REFUSED_METHODS: frozenset[str] = ECHO_METHODS | {"CONNECT"}
+
+
+def echo_refusal(method: str, header_names: Iterable[bytes]) -> str | None:
+    """Why a request must not be forwarded on any path because the next hop could answer
+    it with the request itself, or None.
+
+    TRACE/TRACK (in any letter case: the hop decides how it reads them) echo the request
+    back with whatever was added on the way; ``Max-Forwards`` asks a proxy on the way
+    (an operator's upstream, which sees stockade's Proxy-Authorization) to answer in
+    place of the origin (RFC 9110 §7.6.2).
+    """
+    if method.upper() in ECHO_METHODS:
+        return f"{method[:16]} is never forwarded: the next hop would echo the request back"
+    if any(n.lower() == b"max-forwards" for n in header_names):
+        return "Max-Forwards is never forwarded: a proxy on the way would answer the request"
+    return None
 
 
 def wants_inspection(policy: Policy) -> bool:

@@ -498,3 +498,26 @@ def test_client_refusing_the_certificate_is_logged(tmp_path: Path) -> None:
             assert h.events() == []
 
     run(go())
+
+
+# -- requests the next hop would answer with the request itself ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("TRACE", []), ("TRACK", []), ("trace", []), ("OPTIONS", [("max-forwards", "0")])],
+)
+def test_echo_requests_are_405_with_no_upstream_contact(
+    tmp_path: Path, method: str, headers: list[tuple[str, str]]
+) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            # api.test has a bound secret: an echo would carry the injected real key back.
+            r = await h.call("api.test", method, "/v1/models", headers=headers)
+            assert r.status == 405
+            assert r.headers["x-stockade-reason"] == "bad-request"
+            assert h.upstream.connections == 0
+            ok = await h.call("api.test", "GET", "/v1/models")
+            assert ok.status == 200
+
+    run(go())

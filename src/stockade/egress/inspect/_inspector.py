@@ -38,7 +38,7 @@ from stockade.egress.inspect._secrets import (
 )
 from stockade.policy import Decision, Policy, Reason
 from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
-from stockade.policy._inspect import InspectScope
+from stockade.policy._inspect import InspectScope, echo_refusal
 
 
 @dataclass(slots=True)
@@ -242,6 +242,9 @@ class Inspector:
         record.path = norm.path
         if method in REFUSED_METHODS:
             raise Refusal(405, Reason.BAD_REQUEST, f"{method} is not forwarded")
+        echo = echo_refusal(method, (n for n, _ in headers))
+        if echo is not None:
+            raise Refusal(405, Reason.BAD_REQUEST, echo)
         # 3. rules
         decision = self.rules.decide(host, port, method, norm.path)
         decoded = norm.slash_decoded
