@@ -28,6 +28,7 @@ from stockade.egress.inspect._http import (
 )
 from stockade.egress.inspect._rules import RuleSet
 from stockade.egress.inspect._secrets import (
+    CREDENTIAL_HEADERS,
     Pattern,
     PatternSet,
     SecretStore,
@@ -222,6 +223,9 @@ class Inspector:
         so the event of a refused request says as much as was learnt.
         """
         host, port, method = record.host, record.port, record.method
+        # 0. the method is part of the request too (and of its event): scanned first, so
+        # that no later refusal writes a value carried there into the audit log
+        self._scan_method(record)
         # 1. agreement: CONNECT authority = SNI = Host
         if sni is None:
             if not _is_ip(host):
@@ -301,6 +305,49 @@ class Inspector:
             forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
             forwarded.append((b"accept-encoding", b"identity"))
         return RequestPlan(decision, norm, forwarded, scans.body, redact, encoding, chunked)
+
+    def _scan_method(self, record: RequestRecord) -> None:
+        """Refuse a request whose method carries a foreign secret or a labelled value."""
+        scans = self.scans(record.host, record.port)
+        method = record.method.encode("latin-1", "replace")
+        for patterns in (scans.secrets, scans.labels):
+            found = patterns.search(method) if patterns else None
+            if found is not None:
+                record.method = f"[withheld: {found.reason}]"
+                record.label = found.label
+                raise Refusal(403, found.reason, f"{found.where} in the request method")
+
+    def trailers(self, record: RequestRecord, fields: Headers) -> list[tuple[bytes, bytes]]:
+        """Check a chunked request's trailer fields as its head's headers are checked, and
+        return those to forward.
+
+        Scanned for foreign secrets and labelled values like the headers. On a host with
+        a bound secret a trailer never carries a credential (the real value is injected
+        in the head only, so a credential there is the sandbox's own): refused
+        ``foreign-credential``. Hop-by-hop and framing fields are not forwarded.
+        """
+        if not fields:
+            return []
+        host, port = record.host, record.port
+        scans = self.scans(host, port)
+        blob = b"\n".join(n + b": " + v for n, v in fields)
+        for patterns in (scans.secrets, scans.labels):
+            found = patterns.search(blob) if patterns else None
+            if found is not None:
+                record.label = found.label
+                raise Refusal(403, found.reason, f"{found.where} in a request trailer")
+        bound = self.secrets.bound(host, port)
+        if bound:
+            carriers = CREDENTIAL_HEADERS | {s.header for s in bound}
+            for name, _ in fields:
+                if name in carriers:
+                    raise Refusal(
+                        403,
+                        Reason.FOREIGN_CREDENTIAL,
+                        f"trailer {name.decode('latin-1')[:40]} carries a credential; on a "
+                        "host with a bound secret only its header may carry one",
+                    )
+        return end_to_end(fields, drop=(b"host", b"content-length", b"content-encoding"))
 
 
 def _content_encoding(headers: Headers, *, needed: bool) -> str | None:

@@ -295,6 +295,14 @@ class InspectingTunnel:
             return await self._refuse(client, stream, record, failed, drain=False)
         return await self._relay_response(client, stream, upstream, up, plan, record)
 
+    def _trailers(
+        self, plan: RequestPlan, record: RequestRecord, end: h11.EndOfMessage
+    ) -> list[tuple[bytes, bytes]]:
+        """The trailer fields to forward, checked as the head was (raises Refusal)."""
+        if not plan.chunked:
+            return []
+        return self.layer.inspector.trailers(record, list(end.headers))
+
     async def _read_encoded(
         self, client: h11.Connection, stream: TLSStream, plan: RequestPlan, record: RequestRecord
     ) -> bytes:
@@ -313,6 +321,8 @@ class InspectingTunnel:
                         "cannot be scanned; send it uncompressed",
                     )
             elif isinstance(event, h11.EndOfMessage):
+                # Checked like the rest; not forwarded (the body is re-framed whole).
+                self._trailers(plan, record, event)
                 break
         self.stats.max_buffered = max(self.stats.max_buffered, len(body))
         scanner = StreamScanner(plan.scan)
@@ -392,7 +402,7 @@ class InspectingTunnel:
                 rest = scanner.finish()
                 if rest:
                     await _send(up, upstream, h11.Data(data=rest))
-                trailers = list(event.headers) if plan.chunked else []
+                trailers = self._trailers(plan, record, event)
                 await _send(up, upstream, h11.EndOfMessage(headers=trailers))
                 return
             else:
