@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import PolicyError
+from stockade.audit._sink import AuditCallback, AuditSink, FailClosed
 from stockade.egress._addr import ClusterRanges
-from stockade.egress._proxy import AuditCallback, EgressProxy, Resolver
+from stockade.egress._proxy import EgressProxy, Resolver
 from stockade.egress._rules import EgressRules
 from stockade.egress.upstream import Transport, resolve_upstream
 from stockade.policy import Policy
@@ -37,7 +38,7 @@ def inspect_keys(policy: Policy) -> list[str]:
 
 def build_proxy(
     policy: Policy,
-    sink: Any,
+    sink: AuditSink | AuditCallback,
     *,
     caller: str,
     ca_fix: str,
@@ -48,7 +49,7 @@ def build_proxy(
     environ: Mapping[str, str] | None = None,
     caller_trust: Sequence[Path] = (),
     transport: Transport | None = None,
-    inspect_sink: Any = None,
+    inspect_sink: AuditSink | AuditCallback | None = None,
     cluster: ClusterRanges | None = None,
     resolver: Resolver | None = None,
     handshake_timeout: float = 10.0,
@@ -58,7 +59,9 @@ def build_proxy(
     """The egress proxy for ``policy``, writing its events to ``sink``.
 
     Args:
-        sink: an :class:`~stockade.audit.AuditLog` or an audit callback.
+        sink: where events go: an :class:`~stockade.audit._sink.AuditSink` (an
+            :class:`~stockade.audit.AuditLog`) or a ``(decision, fields)`` callback; a
+            write that fails closes the proxy (:class:`~stockade.audit._sink.FailClosed`).
         caller: who serves the proxy, as the error names it (``stockade proxy``).
         ca_fix: how that caller is given an interception CA (``pass --ca DIR``).
         rules: the allow-list (built from ``policy.network`` plus ``extra_allow`` and
@@ -97,10 +100,9 @@ def build_proxy(
             caller_trust=caller_trust,
             transport=transport,
         )
-    audit: AuditCallback | Any = sink
-    return EgressProxy(
+    proxy = EgressProxy(
         rules,
-        audit,
+        sink,
         resolver=resolver,
         handshake_timeout=handshake_timeout,
         inspect=inspect,
@@ -108,3 +110,8 @@ def build_proxy(
         gate=gate,
         transport=transport,
     )
+    if inspect is not None and inspect.audit is not None:
+        # One rule for both writers: an inspect event that cannot be written closes the
+        # proxy, as the proxy's own do.
+        inspect.audit = FailClosed(inspect.audit, proxy.close, "inspect")
+    return proxy

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import h11
 
 from stockade._exceptions import SandboxError
-from stockade.audit._log import AuditLog
+from stockade.audit._sink import AuditCallback, AuditSink, FailClosed, as_sink
 from stockade.egress import _http, _socks
 from stockade.egress._addr import IPAddress
 from stockade.egress._relay import RELAY_BUFFER, relay
@@ -53,8 +53,6 @@ __all__ = ["AuditCallback", "EgressProxy", "Interceptor", "Resolver"]
 
 logger = logging.getLogger("stockade.egress")
 
-#: Receives every decision with its event fields (``event`` is ``net_connect``/``net_request``).
-AuditCallback = Callable[[Decision, dict[str, Any]], None]
 #: Resolves a normalised name to addresses (the default uses ``loop.getaddrinfo``).
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 
@@ -201,8 +199,8 @@ class _Client:
 class EgressProxy:
     """The stockade egress proxy for one sandbox (one policy, one or more listeners).
 
-    ``audit`` is an :class:`~stockade.audit.AuditLog` or a callback taking
-    ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
+    ``audit`` is an :class:`~stockade.audit._sink.AuditSink` (an
+    :class:`~stockade.audit.AuditLog`, say) or a callback taking ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
     about names the rules allow); ``transport`` opens vetted destinations (directly when
     omitted; through the operator's upstream proxy when it has one). Timeouts are in
     seconds.
@@ -211,7 +209,7 @@ class EgressProxy:
     def __init__(
         self,
         rules: EgressRules,
-        audit: AuditLog | AuditCallback | None = None,
+        audit: AuditSink | AuditCallback | None = None,
         *,
         resolver: Resolver | None = None,
         handshake_timeout: float = 10.0,
@@ -239,7 +237,9 @@ class EgressProxy:
         self.pool = pool
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
         self.inspect = inspect
-        self._audit = audit
+        sink = as_sink(audit)
+        #: every event goes here; a write that fails closes the proxy (never unaudited)
+        self._audit = FailClosed(sink, self.close, "egress") if sink is not None else None
         self._resolver = resolver
         self.handshake_timeout = handshake_timeout
         self.connect_timeout = connect_timeout
@@ -440,16 +440,9 @@ class EgressProxy:
 
     def _emit(self, event: str, record: _Record) -> None:
         decision = record.decision or _deny(Reason.BAD_REQUEST, "no decision was reached")
-        fields = record.fields()
-        try:
-            if isinstance(self._audit, AuditLog):
-                self._audit.decision(event, decision, **fields)
-            elif self._audit is not None:
-                self._audit(decision, {"event": event, **fields})
-        except Exception as exc:
-            # An event that cannot be written means the proxy would run unaudited: stop.
-            logger.error("egress: cannot write audit event, closing the proxy: %s", exc)
-            self.close()
+        if self._audit is not None:
+            # FailClosed: an event that cannot be written closes the proxy.
+            self._audit(event, decision, record.fields())
 
     # -- one connection -------------------------------------------------------------------
 
