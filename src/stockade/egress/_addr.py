@@ -18,14 +18,8 @@ from stockade.policy._addresses import ClusterRanges as ClusterRanges
 from stockade.policy._addresses import IPAddress as IPAddress
 from stockade.policy._addresses import classify as _classify
 
-__all__ = [
-    "METADATA_ADDRESSES",
-    "AddressClass",
-    "ClusterRanges",
-    "IPAddress",
-    "classify",
-    "local_addresses",
-]
+# The names of policy._addresses above are re-exported for the egress layer's users.
+__all__ = ["classify", "local_addresses"]
 
 _local_lock = threading.Lock()
 _local_cache: frozenset[IPAddress] | None = None

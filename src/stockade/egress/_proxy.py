@@ -152,6 +152,14 @@ class _Record:
         return out
 
 
+def _http_refusal(decision: Decision, host: str) -> bytes:
+    """The HTTP answer to a refused destination (CONNECT and forward alike): 403 naming
+    the host for a policy refusal, else the status of the reason with its detail."""
+    status = _STATUS.get(decision.reason, 403)
+    detail = host if status == 403 else decision.detail
+    return _http.error_response(status, decision.reason, _printable(detail))
+
+
 class _Closed(Exception):
     """The client closed its side before the proxy had what it needed."""
 
@@ -965,9 +973,7 @@ class EgressProxy:
             await client.send(_ESTABLISHED)
 
         async def refuse(decision: Decision) -> None:
-            status = _STATUS.get(decision.reason, 403)
-            detail = record.host if status == 403 else decision.detail
-            await client.send(_http.error_response(status, decision.reason, _printable(detail)))
+            await client.send(_http_refusal(decision, record.host))
 
         await self._tunnel(client, record, host, port, accept, refuse)
 
@@ -1020,11 +1026,7 @@ class EgressProxy:
             address = None
         if address is None:
             assert record.decision is not None
-            status = _STATUS.get(record.decision.reason, 403)
-            detail = record.host if status == 403 else record.decision.detail
-            await client.send(
-                _http.error_response(status, record.decision.reason, _printable(detail))
-            )
+            await client.send(_http_refusal(record.decision, record.host))
             return False
         route = await self._open(record, address, target.port, forward=True)
         if route is None:

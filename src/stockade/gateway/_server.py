@@ -34,18 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stockade.egress import EgressProxy
+from stockade.egress import EgressProxy, _socks
 from stockade.egress import _http as http
 from stockade.egress._addr import ClusterRanges, IPAddress
 from stockade.egress._assemble import build_proxy
 from stockade.egress._proxy import Resolver, accept_forever, close_listeners
 from stockade.egress._rules import LAYER
-from stockade.gateway._identity import TokenReviewer, basic_password, socks_credentials
+from stockade.gateway._identity import TokenReviewer, basic_password
 from stockade.gateway._kube import KubeClient
 from stockade.gateway._metrics import Metrics
 from stockade.gateway._pods import POLICY_ANNOTATION, Pod, PodCache
 from stockade.gateway._policies import Generation, PolicyDirectory
 from stockade.policy import Decision, Policy, Reason
+from stockade.policy._addresses import LINK_LOCAL_RANGES
 from stockade.policy._inspect import wants_inspection
 
 __all__ = ["Gateway", "GatewayConfig"]
@@ -81,7 +82,6 @@ class Identity:
 IDENTITY: contextvars.ContextVar[Identity] = contextvars.ContextVar("stockade_gateway_id")
 
 _READ = 64 * 1024
-_METHOD_USERPASS = 0x02
 _STATUS = {
     Reason.IDENTITY_STALE: 503,
     Reason.CREDENTIAL_MISSING: 407,
@@ -89,7 +89,7 @@ _STATUS = {
 }
 #: link-local is refused by a gateway whatever its flags say (the metadata endpoints
 #: live there, and a pod's neighbours' link-local services)
-LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+LINK_LOCAL = LINK_LOCAL_RANGES
 
 
 @dataclass
@@ -669,7 +669,7 @@ class Gateway:
         if not await self._read_more(sock, buffer):
             self._deny_event(identity, Reason.BAD_REQUEST, "closed before a request")
             return False
-        socks = buffer[0] == 5
+        socks = buffer[0] == _socks.VERSION
         identity["protocol"] = "socks5" if socks else "http"
         head_end = -1
         if not socks:
@@ -678,7 +678,9 @@ class Gateway:
                     self._deny_event(identity, Reason.BAD_REQUEST, "no complete request head")
                     return False
 
-        async def refuse(reason: Reason, detail: str, socks_reply: bytes = b"\x05\xff") -> bool:
+        async def refuse(
+            reason: Reason, detail: str, socks_reply: bytes = _socks.method_reply(False)
+        ) -> bool:
             # SOCKS5: "no acceptable method" before the negotiation, or RFC 1929's
             # failure status after it; HTTP: a response naming the reason.
             if socks:
@@ -706,21 +708,19 @@ class Gateway:
         reviewed_user: str | None = None
         if self.reviewer is not None:
             token: str | None = None
-            failed = b"\x01\x01"  # RFC 1929: authentication failed
+            failed = _socks.userpass_reply(False)  # RFC 1929: authentication failed
             if socks:
-                count = buffer[1] if len(buffer) > 1 else 0
-                while len(buffer) < 2 + count:
+                while (greeting := _socks.parse_methods(buffer)) is None:
                     if not await self._read_more(sock, buffer):
                         return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 greeting")
-                    count = buffer[1]
-                methods = bytes(buffer[2 : 2 + count])
-                del buffer[: 2 + count]
-                if _METHOD_USERPASS not in methods:
+                methods, used = greeting
+                del buffer[:used]
+                if _socks.METHOD_USERPASS not in methods:
                     return await refuse(
                         Reason.CREDENTIAL_MISSING, "the username/password method is required"
                     )
-                await loop.sock_sendall(sock, b"\x05\x02")
-                while (parsed := socks_credentials(buffer)) is None:
+                await loop.sock_sendall(sock, _socks.method_selected(_socks.METHOD_USERPASS))
+                while (parsed := _socks.parse_userpass(buffer)) is None:
                     if not await self._read_more(sock, buffer):
                         return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 credentials")
                 token, used = parsed
@@ -755,7 +755,7 @@ class Gateway:
                     detail = f"{pod.namespace}/{pod.name} changed while its token was reviewed"
                 return await refuse(reason, detail, failed)
             if socks:
-                await loop.sock_sendall(sock, b"\x01\x00")
+                await loop.sock_sendall(sock, _socks.userpass_reply(True))
                 greeted = True
         # Every await is behind us: the generation chosen now is the one adopted into.
         chosen = self._resolve(pod)

@@ -14,7 +14,9 @@ import enum
 import ipaddress
 
 __all__ = [
+    "LINK_LOCAL_RANGES",
     "METADATA_ADDRESSES",
+    "NON_PUBLIC_RANGES",
     "AddressClass",
     "ClusterRanges",
     "IPAddress",
@@ -63,6 +65,8 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     )
 )
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 _N = ipaddress.ip_network
 _CGNAT = _N("100.64.0.0/10")
 _PRIVATE = (_N("10.0.0.0/8"), _N("172.16.0.0/12"), _N("192.168.0.0/16"), _N("fc00::/7"))
@@ -77,7 +81,13 @@ _NAT64 = (_N("64:ff9b::/96"), _N("64:ff9b:1::/48"))
 _LINK_LOCAL = (_N("169.254.0.0/16"), _N("fe80::/10"))
 _THIS_NETWORK = _N("0.0.0.0/8")
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: the ranges never needed for the public internet: private (RFC 1918, IPv6 ULA), CGNAT
+#: and link-local (the metadata endpoints' range); export writes them as NetworkPolicy
+#: exceptions and the gateway refuses link-local whatever its flags say
+NON_PUBLIC_RANGES: tuple[IPNetwork, ...] = tuple(
+    sorted((*_PRIVATE, _CGNAT, *_LINK_LOCAL), key=lambda n: (n.version, n.network_address))
+)
+LINK_LOCAL_RANGES: tuple[IPNetwork, ...] = _LINK_LOCAL
 
 
 class ClusterRanges:

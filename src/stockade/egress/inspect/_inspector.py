@@ -10,7 +10,6 @@ The asyncio shell (:mod:`._tunnel`) only moves bytes according to the plan.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from stockade.egress.inspect._http import (
     end_to_end,
     header_values,
     normalise_target,
-    split_authority,
 )
 from stockade.egress.inspect._rules import RuleSet
 from stockade.egress.inspect._secrets import (
@@ -38,6 +36,7 @@ from stockade.egress.inspect._secrets import (
     with_encodings,
 )
 from stockade.policy import Decision, Policy, Reason
+from stockade.policy._hosts import ip_literal, normalize_host
 from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
 from stockade.policy._inspect import InspectScope, echo_refusal
 
@@ -112,14 +111,6 @@ class RequestPlan:
     #: "gzip" or "deflate" when the body must be decoded to be scanned
     encoding: str | None
     chunked: bool
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 class Inspector:
@@ -228,11 +219,13 @@ class Inspector:
         self._scan_method(record)
         # 1. agreement: CONNECT authority = SNI = Host
         if sni is None:
-            if not _is_ip(host):
+            if ip_literal(host) is None:
                 raise Refusal(421, Reason.SNI_MISMATCH, "the TLS ClientHello named no server")
         else:
+            # The proxy's own normaliser (policy._hosts), as its ClientHello check uses:
+            # one spelling of the SNI for both checks.
             try:
-                sni_host, _ = split_authority(sni)
+                sni_host = normalize_host(sni)
             except ValueError:
                 sni_host = ""
             if sni_host != host:
