@@ -236,3 +236,29 @@ def test_http_capture_refuses_a_host_header_naming_another_host(
     assert (request.fields["host"], request.fields["port"]) == ("web.test", 80)
     assert "other.test" in str(request.fields.get("detail", request.decision.detail))
     assert origin80.requests == []
+
+
+@pytest.mark.parametrize(("method", "headers"), [("TRACE", {}), ("OPTIONS", {"Max-Forwards": "0"})])
+def test_http_capture_refuses_echo_requests_before_any_contact(
+    make_proxy: Make,
+    pool: AddressPool,
+    origin80: RecordingHTTPServer,
+    method: str,
+    headers: dict[str, str],
+) -> None:
+    h = make_proxy(allow=("web.test",), hosts={"web.test": "127.0.0.2"}, pool=pool)
+    address = str(pool.issue("web.test"))
+    capture(h, address, 80)
+    conn = http.client.HTTPConnection(address, 80, timeout=TIMEOUT)
+    conn.request(method, "/", headers={"Host": "web.test", **headers})
+    assert conn.getresponse().status == 405
+    conn.close()
+    assert origin80.connections == 0
+    request = h.last("net_request")
+    assert request.reason == "bad-request"
+    assert (request.fields["host"], request.fields["mode"]) == ("web.test", "transparent")
+    # The twin: a GET through the same capture reaches the origin.
+    conn = http.client.HTTPConnection(address, 80, timeout=TIMEOUT)
+    conn.request("GET", "/twin", headers={"Host": "web.test"})
+    assert conn.getresponse().status == 200
+    conn.close()

@@ -598,3 +598,40 @@ def test_many_concurrent_connections(make_proxy: MakeProxy, origin: RecordingHTT
         for sock in socks:
             sock.close()
     assert len(proxy.wait_events("net_connect", 300, timeout=20)) == 300
+
+
+# -- requests the next hop would answer with the request itself ---------------------------
+
+#: TRACE/TRACK echo the request (with whatever was added on the way); Max-Forwards has a
+#: proxy on the way answer in place of the origin
+ECHO_REQUESTS = [
+    ("TRACE", {}),
+    ("TRACK", {}),
+    ("trace", {}),
+    ("OPTIONS", {"Max-Forwards": "0"}),
+    ("GET", {"Max-Forwards": "0"}),
+]
+
+
+@pytest.mark.parametrize(("method", "headers"), ECHO_REQUESTS)
+def test_forward_echo_requests_refused_before_any_contact(
+    make_proxy: MakeProxy, origin: RecordingHTTPServer, method: str, headers: dict[str, str]
+) -> None:
+    proxy = make_proxy()
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=TIMEOUT)
+    try:
+        conn.request(method, f"http://allowed.test:{origin.port}/echo", headers=headers)
+        response = conn.getresponse()
+        assert response.status == 405
+        assert response.getheader("X-Stockade-Reason") == "bad-request"
+        response.read()
+    finally:
+        conn.close()
+    assert origin.connections == 0
+    event = proxy.last("net_request")
+    assert event.reason == "bad-request"
+    assert event.fields["host"] == "allowed.test"
+    # The twin: the same proxy forwards an ordinary request to the same origin.
+    status, body = forward(proxy, f"http://allowed.test:{origin.port}/twin")
+    assert status == 200
+    assert body.startswith(b"GET /twin")

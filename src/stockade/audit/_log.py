@@ -219,6 +219,11 @@ class AuditLog:
             **fields,
         )
 
+    def __call__(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
+        """Write ``decision`` as ``event``: an AuditLog is an
+        :class:`~stockade.audit._sink.AuditSink`."""
+        self.decision(event, decision, **fields)
+
     def close(self) -> None:
         """Close the file; the in-memory events stay available.
 

@@ -13,42 +13,11 @@ a user namespace) it says which layers stop it under each runtime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-#: Broad or dual-use destinations: anyone can publish there, so an allow is a way out.
-_BROAD = (
-    ("github.com", "anyone can push to a repository or open a gist/issue there"),
-    ("*.github.com", "anyone can push to a repository or open a gist/issue there"),
-    ("githubusercontent.com", "serves content any user uploads"),
-    ("*.amazonaws.com", "every customer's buckets and APIs, including an attacker's"),
-    ("*.googleapis.com", "every customer's storage and APIs, including an attacker's"),
-    ("*.blob.core.windows.net", "every customer's storage, including an attacker's"),
-    ("*.cloudfront.net", "any customer's distribution"),
-    ("*.herokuapp.com", "any customer's app"),
-    ("*.vercel.app", "any customer's app"),
-)
-_PASTE = (
-    "webhook.site",
-    "requestbin",
-    "pipedream.net",
-    "pastebin.com",
-    "paste.ee",
-    "hastebin",
-    "transfer.sh",
-    "file.io",
-    "ngrok",
-    "ngrok-free.app",
-    "trycloudflare.com",
-    "loca.lt",
-    "serveo.net",
-    "interact.sh",
-    "oast.",
-    "burpcollaborator",
-)
-_DOH = ("dns.google", "cloudflare-dns.com", "1.1.1.1", "8.8.8.8", "dns.quad9.net", "doh.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,15 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _broad_note(entry: str) -> str | None:
+    # The policy loader's own tables (policy._tables): one list of risky hosts.
+    from stockade.policy._tables import BROAD_HOSTS, risky_host
+
     host = entry.lower().split(":")[0]
-    for pattern, note in _BROAD:
+    for pattern, note in BROAD_HOSTS:
         bare = pattern.removeprefix("*.")
         if host in (pattern, bare) or host.endswith("." + bare):
             return f"broad destination: {note}"
-    if any(p in host for p in _PASTE):
-        return "paste, webhook or tunnel service: made for receiving data from anywhere"
-    if any(host == d or host.startswith(d) or host.endswith("." + d) for d in _DOH):
+    what = risky_host(entry)
+    if what is not None and "DNS-over-HTTPS" in what:
         return "DNS-over-HTTPS endpoint: any name can be resolved (and data leaked in names)"
+    if what is not None:
+        return f"paste, webhook or tunnel service ({what}): made for receiving data from anywhere"
     if host.startswith("*."):
         return "wildcard: every subdomain, including ones created later by someone else"
     return None
@@ -86,8 +59,9 @@ def _broad_note(entry: str) -> str | None:
 def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
     """The analysis of a loaded :class:`~stockade.policy.Policy` as plain data, under the
     container runtime ``backend`` (default: the policy's)."""
-    from stockade.model import Action, Boundary, Kind, RuleHost, evaluate
+    from stockade.model import Action, Boundary, Kind, evaluate
     from stockade.policy import LAYERS, Policy
+    from stockade.policy._hosts import normalize_host, parse_pattern
     from stockade.policy._model import BACKENDS
     from stockade.probe import scenarios
 
@@ -98,7 +72,9 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
     destinations = []
     for entry in policy.network.allow:
         host = entry.split(":")[0].removeprefix("*.")
-        rules = [r for r in policy.network.rules if RuleHost.parse(r.host).matches(host, 443)]
+        with contextlib.suppress(ValueError):
+            host = normalize_host(host)  # the spelling the proxy decides on
+        rules = [r for r in policy.network.rules if parse_pattern(r.host).matches(host, 443)]
         letting = [r for r in rules if r.action != "deny"]
         methods = sorted({m for r in letting for m in r.methods}) if rules else ["any"]
         if any(not r.methods for r in letting):

@@ -4,7 +4,11 @@ The proxy serves HTTP (forward and CONNECT) and SOCKS5 on one listener, allows o
 hosts of the policy's ``[network]`` section plus ``--allow-host``, and writes one audit
 event per connection and per forwarded request. With ``[network.upstream]`` or
 ``--upstream-proxy`` every allowed connection is chained through the operator's proxy,
-as in ``stockade run``.
+as in ``stockade run``. A policy with ``[[network.rules]]``, ``[secrets.*]`` or
+``[labels]`` is enforced with the inspect layer when ``--ca DIR`` gives the interception
+CA (``ca-cert.pem``/``ca-key.pem``, or ``tls.crt``/``tls.key``; clients must trust its
+certificate); without ``--ca`` such a policy is refused at start (exit 125), never
+served with its request checks left out.
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='chain every allowed connection through this proxy ("http://host:port", or '
         '"env" for HTTPS_PROXY/NO_PROXY); replaces network.upstream.proxy',
     )
+    parser.add_argument(
+        "--ca",
+        type=Path,
+        metavar="DIR",
+        help="interception CA (ca-cert.pem and ca-key.pem, or tls.crt and tls.key): "
+        "needed to enforce network.rules, secrets and labels",
+    )
     parser.add_argument("--audit", type=Path, metavar="FILE", help="append JSONL events here")
     parser.add_argument("--quiet", action="store_true", help="do not print events to stderr")
 
@@ -53,9 +64,11 @@ def _raise_fd_limit() -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run the proxy until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad listen address."""
     from stockade.audit._log import AuditLog
-    from stockade.egress import EgressProxy, EgressRules, bind_listener
+    from stockade.egress import bind_listener
+    from stockade.egress._assemble import build_proxy
     from stockade.egress.upstream import Transport, resolve_upstream
     from stockade.policy import load_policy
+    from stockade.policy._inspect import wants_inspection
     from stockade.policy._load import with_upstream_proxy
 
     policy = load_policy(args.policy, workspace=Path.cwd())
@@ -63,8 +76,26 @@ def execute(args: argparse.Namespace) -> int:
         policy = with_upstream_proxy(policy, args.upstream_proxy)
     # Read once, before listening: a bad setting stops here (exit 125), naming the key.
     upstream = resolve_upstream(policy.network.upstream)
-    rules = EgressRules.from_policy(policy.network, extra_allow=tuple(args.allow_host))
+    ca = None
+    if args.ca is not None and wants_inspection(policy):
+        from stockade.egress.inspect import load_ca
+
+        ca = load_ca(args.ca)
     audit = AuditLog(f"proxy-{uuid.uuid4().hex[:12]}", args.audit)
+    try:
+        # Assembled before listening: a policy this proxy cannot serve whole stops here.
+        proxy = build_proxy(
+            policy,
+            audit,
+            caller="stockade proxy",
+            ca_fix="pass --ca DIR",
+            extra_allow=tuple(args.allow_host),
+            ca=ca,
+            transport=Transport(upstream),
+        )
+    except BaseException:
+        audit.close()
+        raise
     try:
         sock, path = bind_listener(args.listen)
     except ValueError as exc:
@@ -79,11 +110,11 @@ def execute(args: argparse.Namespace) -> int:
         allow_host=list(args.allow_host),
         listen=args.listen,
         upstream=upstream.url if upstream is not None else None,
+        inspect=proxy.inspect is not None,
     )
     if not args.quiet:
         audit.subscribe(_print_event)
     _raise_fd_limit()
-    proxy = EgressProxy(rules, audit, transport=Transport(upstream))
     print(f"stockade proxy: listening on {args.listen}", file=sys.stderr, flush=True)
 
     async def main() -> None:

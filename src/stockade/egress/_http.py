@@ -33,7 +33,8 @@ __all__ = [
 #: Largest request or response head accepted.
 MAX_HEAD = 64 * 1024
 
-# Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus the proxy's own.
+#: Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus the proxy's own:
+#: the one set for every path (plain forward, captured port 80, inspected tunnels).
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -45,9 +46,10 @@ HOP_BY_HOP = frozenset(
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
-        b"content-length",
     }
 )
+#: what the plain path drops besides: h11 re-frames the body (see request_framing)
+_REFRAMED = frozenset({b"content-length"})
 
 _BAD_HEAD_BYTES = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 _REQUEST_START = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]")
@@ -273,7 +275,10 @@ def filter_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [
         (name, value)
         for name, value in headers
-        if name not in HOP_BY_HOP and name not in named and name != b"host"
+        if name not in HOP_BY_HOP
+        and name not in _REFRAMED
+        and name not in named
+        and name != b"host"
     ]
 
 

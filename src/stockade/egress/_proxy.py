@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import h11
 
 from stockade._exceptions import SandboxError
-from stockade.audit._log import AuditLog
+from stockade.audit._sink import AuditCallback, AuditSink, FailClosed, as_sink
 from stockade.egress import _http, _socks
 from stockade.egress._addr import IPAddress
 from stockade.egress._relay import RELAY_BUFFER, relay
@@ -47,13 +47,12 @@ from stockade.egress.upstream import (
 )
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._inspect import echo_refusal
 
 __all__ = ["AuditCallback", "EgressProxy", "Interceptor", "Resolver"]
 
 logger = logging.getLogger("stockade.egress")
 
-#: Receives every decision with its event fields (``event`` is ``net_connect``/``net_request``).
-AuditCallback = Callable[[Decision, dict[str, Any]], None]
 #: Resolves a normalised name to addresses (the default uses ``loop.getaddrinfo``).
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 
@@ -153,6 +152,14 @@ class _Record:
         return out
 
 
+def _http_refusal(decision: Decision, host: str) -> bytes:
+    """The HTTP answer to a refused destination (CONNECT and forward alike): 403 naming
+    the host for a policy refusal, else the status of the reason with its detail."""
+    status = _STATUS.get(decision.reason, 403)
+    detail = host if status == 403 else decision.detail
+    return _http.error_response(status, decision.reason, _printable(detail))
+
+
 class _Closed(Exception):
     """The client closed its side before the proxy had what it needed."""
 
@@ -200,8 +207,8 @@ class _Client:
 class EgressProxy:
     """The stockade egress proxy for one sandbox (one policy, one or more listeners).
 
-    ``audit`` is an :class:`~stockade.audit.AuditLog` or a callback taking
-    ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
+    ``audit`` is an :class:`~stockade.audit._sink.AuditSink` (an
+    :class:`~stockade.audit.AuditLog`, say) or a callback taking ``(decision, fields)``; ``resolver`` replaces ``getaddrinfo`` (it is only ever asked
     about names the rules allow); ``transport`` opens vetted destinations (directly when
     omitted; through the operator's upstream proxy when it has one). Timeouts are in
     seconds.
@@ -210,7 +217,7 @@ class EgressProxy:
     def __init__(
         self,
         rules: EgressRules,
-        audit: AuditLog | AuditCallback | None = None,
+        audit: AuditSink | AuditCallback | None = None,
         *,
         resolver: Resolver | None = None,
         handshake_timeout: float = 10.0,
@@ -238,7 +245,9 @@ class EgressProxy:
         self.pool = pool
         #: the inspect layer; tunnels to the hosts it names are intercepted, not relayed
         self.inspect = inspect
-        self._audit = audit
+        sink = as_sink(audit)
+        #: every event goes here; a write that fails closes the proxy (never unaudited)
+        self._audit = FailClosed(sink, self.close, "egress") if sink is not None else None
         self._resolver = resolver
         self.handshake_timeout = handshake_timeout
         self.connect_timeout = connect_timeout
@@ -439,16 +448,9 @@ class EgressProxy:
 
     def _emit(self, event: str, record: _Record) -> None:
         decision = record.decision or _deny(Reason.BAD_REQUEST, "no decision was reached")
-        fields = record.fields()
-        try:
-            if isinstance(self._audit, AuditLog):
-                self._audit.decision(event, decision, **fields)
-            elif self._audit is not None:
-                self._audit(decision, {"event": event, **fields})
-        except Exception as exc:
-            # An event that cannot be written means the proxy would run unaudited: stop.
-            logger.error("egress: cannot write audit event, closing the proxy: %s", exc)
-            self.close()
+        if self._audit is not None:
+            # FailClosed: an event that cannot be written closes the proxy.
+            self._audit(event, decision, record.fields())
 
     # -- one connection -------------------------------------------------------------------
 
@@ -971,9 +973,7 @@ class EgressProxy:
             await client.send(_ESTABLISHED)
 
         async def refuse(decision: Decision) -> None:
-            status = _STATUS.get(decision.reason, 403)
-            detail = record.host if status == 403 else decision.detail
-            await client.send(_http.error_response(status, decision.reason, _printable(detail)))
+            await client.send(_http_refusal(decision, record.host))
 
         await self._tunnel(client, record, host, port, accept, refuse)
 
@@ -1004,6 +1004,15 @@ class EgressProxy:
             return False
         # The path without the query: queries often carry tokens that must not be logged.
         record.extra["path"] = _printable(target.path.split(b"?", 1)[0].decode("latin-1"), 256)
+        echo = echo_refusal(record.extra["method"], (n for n, _ in request.headers))
+        if echo is not None:
+            # Before any decision, lookup or dial: nothing of it reaches a hop that
+            # could answer with it (the upstream proxy's credentials included).
+            if origin is None:
+                record.host, record.port = _printable(target.host), target.port
+            record.decision = _deny(Reason.BAD_REQUEST, echo)
+            await client.send(_http.error_response(405, Reason.BAD_REQUEST, echo))
+            return False
         address = await self._vet(target.host, target.port, record)
         if (
             address is not None
@@ -1017,11 +1026,7 @@ class EgressProxy:
             address = None
         if address is None:
             assert record.decision is not None
-            status = _STATUS.get(record.decision.reason, 403)
-            detail = record.host if status == 403 else record.decision.detail
-            await client.send(
-                _http.error_response(status, record.decision.reason, _printable(detail))
-            )
+            await client.send(_http_refusal(record.decision, record.host))
             return False
         route = await self._open(record, address, target.port, forward=True)
         if route is None:

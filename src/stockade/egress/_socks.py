@@ -1,8 +1,9 @@
-"""SOCKS5 (RFC 1928) message parsing and replies, without sockets.
+"""SOCKS5 (RFC 1928, RFC 1929) message parsing and replies, without sockets.
 
-Only the "no authentication" method and the CONNECT command are served: a per-sandbox
-listener is the sandbox's identity, and UDP ASSOCIATE or BIND would open paths around
-the allow-list.
+The one SOCKS5 codec: the egress proxy serves the "no authentication" method and the
+CONNECT command (a per-sandbox listener is the sandbox's identity, and UDP ASSOCIATE or
+BIND would open paths around the allow-list); the gateway, which must learn who is
+asking, negotiates username/password (RFC 1929) with the same functions first.
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ __all__ = [
     "SocksError",
     "SocksRequest",
     "method_reply",
+    "method_selected",
     "parse_greeting",
+    "parse_methods",
     "parse_request",
+    "parse_userpass",
     "reply",
+    "userpass_reply",
 ]
 
 VERSION = 5
 METHOD_NONE = 0x00
+METHOD_USERPASS = 0x02
 METHOD_UNACCEPTABLE = 0xFF
 CMD_CONNECT = 1
 
@@ -59,18 +65,50 @@ class SocksRequest:
     length: int  #: bytes the request occupied
 
 
-def parse_greeting(data: bytes | bytearray) -> tuple[bool, int] | None:
-    """(no-auth offered, bytes used) or None when more bytes are needed."""
+def parse_methods(data: bytes | bytearray) -> tuple[bytes, int] | None:
+    """(the methods a greeting offers, bytes used) or None when more bytes are needed."""
     if len(data) < 2:
         return None
     if data[0] != VERSION:
         raise SocksError("not SOCKS version 5", None)
     count = data[1]
-    if count == 0:
-        raise SocksError("no authentication methods offered", None)
     if len(data) < 2 + count:
         return None
-    return METHOD_NONE in data[2 : 2 + count], 2 + count
+    return bytes(data[2 : 2 + count]), 2 + count
+
+
+def parse_greeting(data: bytes | bytearray) -> tuple[bool, int] | None:
+    """(no-auth offered, bytes used) or None when more bytes are needed."""
+    parsed = parse_methods(data)
+    if parsed is None:
+        return None
+    methods, used = parsed
+    if not methods:
+        raise SocksError("no authentication methods offered", None)
+    return METHOD_NONE in methods, used
+
+
+def parse_userpass(data: bytes | bytearray) -> tuple[str, int] | None:
+    """(password, bytes used) of an RFC 1929 request; None when more bytes are needed.
+
+    Raises ValueError for a malformed one.
+    """
+    if len(data) < 2:
+        return None
+    if data[0] != 1:
+        raise ValueError("not an RFC 1929 username/password request")
+    ulen = data[1]
+    if len(data) < 2 + ulen + 1:
+        return None
+    plen = data[2 + ulen]
+    end = 3 + ulen + plen
+    if len(data) < end:
+        return None
+    try:
+        password = bytes(data[3 + ulen : end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the SOCKS5 password is not UTF-8") from None
+    return password, end
 
 
 def parse_request(data: bytes | bytearray) -> SocksRequest | None:
@@ -110,6 +148,16 @@ def parse_request(data: bytes | bytearray) -> SocksRequest | None:
 def method_reply(accepted: bool) -> bytes:
     """The method-selection reply."""
     return bytes((VERSION, METHOD_NONE if accepted else METHOD_UNACCEPTABLE))
+
+
+def method_selected(method: int) -> bytes:
+    """The method-selection reply choosing ``method`` (0xFF: none acceptable)."""
+    return bytes((VERSION, method))
+
+
+def userpass_reply(ok: bool) -> bytes:
+    """RFC 1929's status reply: success, or failure (the client must then close)."""
+    return b"\x01\x00" if ok else b"\x01\x01"
 
 
 def reply(code: int) -> bytes:

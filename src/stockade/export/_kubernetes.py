@@ -23,6 +23,7 @@ from stockade.export._names import (
     check_name,
 )
 from stockade.policy import Policy
+from stockade.policy._addresses import NON_PUBLIC_RANGES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,8 +102,9 @@ SANDBOX_ROUTER_PEER: dict[str, Any] = {
 }
 #: Ranges the gateway's own egress never needs for the public internet (RFC 1918,
 #: CGNAT, link-local with the metadata endpoints, IPv6 ULA and link-local).
-PRIVATE_V4 = ("10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16")
-PRIVATE_V6 = ("fc00::/7", "fe80::/10")
+#: Taken from the egress layer's own address classes (policy._addresses).
+PRIVATE_V4 = tuple(str(n) for n in NON_PUBLIC_RANGES if n.version == 4)
+PRIVATE_V6 = tuple(str(n) for n in NON_PUBLIC_RANGES if n.version == 6)
 
 TARGETS = ("agent-sandbox", "pod", "deployment")
 RUNTIME_CLASSES = ("gvisor", "kata-qemu", "none")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from stockade.gateway._kube import KubeClient, KubeError
 
-__all__ = ["Review", "TokenReviewer", "basic_password", "socks_credentials"]
+__all__ = ["Review", "TokenReviewer", "basic_password"]
 
 #: the extras TokenReview carries for a token bound to a pod
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -41,29 +41,6 @@ def basic_password(value: bytes) -> str | None:
         return None
     _, sep, password = decoded.partition(":")
     return password if sep and password else None
-
-
-def socks_credentials(data: bytes | bytearray) -> tuple[str, int] | None:
-    """(password, bytes used) of an RFC 1929 request; None when more bytes are needed.
-
-    Raises ValueError for a malformed one.
-    """
-    if len(data) < 2:
-        return None
-    if data[0] != 1:
-        raise ValueError("not an RFC 1929 username/password request")
-    ulen = data[1]
-    if len(data) < 2 + ulen + 1:
-        return None
-    plen = data[2 + ulen]
-    end = 3 + ulen + plen
-    if len(data) < end:
-        return None
-    try:
-        password = bytes(data[3 + ulen : end]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("the SOCKS5 password is not UTF-8") from None
-    return password, end
 
 
 @dataclass(frozen=True)

@@ -34,20 +34,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stockade._exceptions import PolicyError, Unavailable
-from stockade.egress import EgressProxy, EgressRules
+from stockade.egress import EgressProxy, _socks
 from stockade.egress import _http as http
 from stockade.egress._addr import ClusterRanges, IPAddress
+from stockade.egress._assemble import build_proxy
 from stockade.egress._proxy import Resolver, accept_forever, close_listeners
 from stockade.egress._rules import LAYER
-from stockade.gateway._identity import TokenReviewer, basic_password, socks_credentials
+from stockade.gateway._identity import TokenReviewer, basic_password
 from stockade.gateway._kube import KubeClient
 from stockade.gateway._metrics import Metrics
 from stockade.gateway._pods import POLICY_ANNOTATION, Pod, PodCache
 from stockade.gateway._policies import Generation, PolicyDirectory
 from stockade.policy import Decision, Policy, Reason
+from stockade.policy._addresses import LINK_LOCAL_RANGES
+from stockade.policy._inspect import wants_inspection
 
-__all__ = ["Gateway", "GatewayConfig", "load_ca"]
+__all__ = ["Gateway", "GatewayConfig"]
 
 logger = logging.getLogger("stockade.gateway")
 
@@ -80,7 +82,6 @@ class Identity:
 IDENTITY: contextvars.ContextVar[Identity] = contextvars.ContextVar("stockade_gateway_id")
 
 _READ = 64 * 1024
-_METHOD_USERPASS = 0x02
 _STATUS = {
     Reason.IDENTITY_STALE: 503,
     Reason.CREDENTIAL_MISSING: 407,
@@ -88,7 +89,7 @@ _STATUS = {
 }
 #: link-local is refused by a gateway whatever its flags say (the metadata endpoints
 #: live there, and a pod's neighbours' link-local services)
-LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+LINK_LOCAL = LINK_LOCAL_RANGES
 
 
 @dataclass
@@ -108,34 +109,6 @@ class GatewayConfig:
     handshake_timeout: float = 10.0
     reload_interval: float = 1.0
     resolver: Resolver | None = None
-
-
-def load_ca(directory: Path) -> Any:
-    """The interception CA from a mounted Secret: ``ca-cert.pem``/``ca-key.pem`` (as
-    ``stockade`` writes them) or ``tls.crt``/``tls.key`` (a Kubernetes TLS Secret)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    from stockade.egress.inspect import CertificateAuthority
-
-    for cert_name, key_name in (("ca-cert.pem", "ca-key.pem"), ("tls.crt", "tls.key")):
-        cert_path, key_path = directory / cert_name, directory / key_name
-        if cert_path.is_file() and key_path.is_file():
-            try:
-                cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-                key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-            except (OSError, ValueError) as exc:
-                raise Unavailable(f"the interception CA in {directory}", str(exc)) from None
-            if not isinstance(key, ec.EllipticCurvePrivateKey):
-                raise Unavailable(
-                    f"the interception CA in {directory}", "its key must be EC (P-256)"
-                )
-            return CertificateAuthority(key, cert)
-    raise Unavailable(
-        f"the interception CA in {directory}",
-        "mount a Secret holding ca-cert.pem and ca-key.pem (or tls.crt and tls.key)",
-    )
 
 
 def _placeholder(name: str, value: bytes, directory: Path) -> bytes:
@@ -214,30 +187,15 @@ class Gateway:
         return out
 
     def _build(self, policies: Mapping[str, Policy]) -> dict[str, Any]:
-        """One EgressProxy per policy, sharing the cluster's refused addresses."""
+        """One EgressProxy per policy (the shared assembly, :func:`build_proxy`), sharing
+        the cluster's refused addresses; each honours its policy's ``[network.upstream]``."""
         serving: dict[str, Any] = {}
         env: dict[str, str] | None = None
         ca: Any = None
         for name, policy in policies.items():
-            net = policy.network
-            rules = EgressRules(
-                allow=net.allow,
-                deny=net.deny,
-                hosts=dict(net.hosts),
-                tls_ports=net.tls_ports,
-                cluster=self.config.cluster,
-            )
-            inspect = None
-            wants = policy.layers.inspect and bool(
-                net.rules or policy.secrets or policy.labels.configured
-            )
-            if wants:
-                if self.config.ca_dir is None:
-                    raise PolicyError(
-                        f"policy {name} inspects requests (rules, secrets or labels) and "
-                        "the gateway has no --ca; mount the CA Secret and pass --ca DIR"
-                    )
-                from stockade.egress.inspect import InspectLayer, SecretStore
+            store = None
+            if wants_inspection(policy) and self.config.ca_dir is not None:
+                from stockade.egress.inspect import SecretStore, load_ca
                 from stockade.egress.inspect._secrets import ResolvedSecret
 
                 if ca is None:  # read again for every generation: it may have rotated
@@ -258,15 +216,17 @@ class Gateway:
                             for s in store.secrets
                         ]
                     )
-                inspect = InspectLayer.from_policy(
-                    policy, ca, self._event(name), secrets=store, environ=env
-                )
-            serving[name] = EgressProxy(
-                rules,
+            serving[name] = build_proxy(
+                policy,
                 self._event(name),
+                caller=f"gateway policy {name}",
+                ca_fix="mount the CA Secret and pass --ca DIR",
+                ca=ca if store is not None else None,
+                secrets=store,
+                environ=env,
+                cluster=self.config.cluster,
                 resolver=self.config.resolver,
                 handshake_timeout=self.config.handshake_timeout,
-                inspect=inspect,
             )
         return serving
 
@@ -709,7 +669,7 @@ class Gateway:
         if not await self._read_more(sock, buffer):
             self._deny_event(identity, Reason.BAD_REQUEST, "closed before a request")
             return False
-        socks = buffer[0] == 5
+        socks = buffer[0] == _socks.VERSION
         identity["protocol"] = "socks5" if socks else "http"
         head_end = -1
         if not socks:
@@ -718,7 +678,9 @@ class Gateway:
                     self._deny_event(identity, Reason.BAD_REQUEST, "no complete request head")
                     return False
 
-        async def refuse(reason: Reason, detail: str, socks_reply: bytes = b"\x05\xff") -> bool:
+        async def refuse(
+            reason: Reason, detail: str, socks_reply: bytes = _socks.method_reply(False)
+        ) -> bool:
             # SOCKS5: "no acceptable method" before the negotiation, or RFC 1929's
             # failure status after it; HTTP: a response naming the reason.
             if socks:
@@ -746,21 +708,19 @@ class Gateway:
         reviewed_user: str | None = None
         if self.reviewer is not None:
             token: str | None = None
-            failed = b"\x01\x01"  # RFC 1929: authentication failed
+            failed = _socks.userpass_reply(False)  # RFC 1929: authentication failed
             if socks:
-                count = buffer[1] if len(buffer) > 1 else 0
-                while len(buffer) < 2 + count:
+                while (greeting := _socks.parse_methods(buffer)) is None:
                     if not await self._read_more(sock, buffer):
                         return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 greeting")
-                    count = buffer[1]
-                methods = bytes(buffer[2 : 2 + count])
-                del buffer[: 2 + count]
-                if _METHOD_USERPASS not in methods:
+                methods, used = greeting
+                del buffer[:used]
+                if _socks.METHOD_USERPASS not in methods:
                     return await refuse(
                         Reason.CREDENTIAL_MISSING, "the username/password method is required"
                     )
-                await loop.sock_sendall(sock, b"\x05\x02")
-                while (parsed := socks_credentials(buffer)) is None:
+                await loop.sock_sendall(sock, _socks.method_selected(_socks.METHOD_USERPASS))
+                while (parsed := _socks.parse_userpass(buffer)) is None:
                     if not await self._read_more(sock, buffer):
                         return await refuse(Reason.BAD_REQUEST, "incomplete SOCKS5 credentials")
                 token, used = parsed
@@ -795,7 +755,7 @@ class Gateway:
                     detail = f"{pod.namespace}/{pod.name} changed while its token was reviewed"
                 return await refuse(reason, detail, failed)
             if socks:
-                await loop.sock_sendall(sock, b"\x01\x00")
+                await loop.sock_sendall(sock, _socks.userpass_reply(True))
                 greeted = True
         # Every await is behind us: the generation chosen now is the one adopted into.
         chosen = self._resolve(pod)

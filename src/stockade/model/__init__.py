@@ -65,8 +65,6 @@ from stockade.model._evaluate import lost_without_namespaces as lost_without_nam
 from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
 from stockade.model._layers import Boundary as Boundary
-from stockade.model._layers import host_public as host_public
-from stockade.model._layers import parse_host_entry as parse_host_entry
 from stockade.model._rules import RuleHost as RuleHost
 from stockade.model._rules import Rules as Rules
 from stockade.policy._tables import SYSTEM_PATHS as SYSTEM_PATHS
@@ -90,9 +88,7 @@ __all__ = [
     "check_monotonic",
     "evaluate",
     "exercised_layers",
-    "host_public",
     "kernel_only",
     "lost_without_namespaces",
-    "parse_host_entry",
     "subsets",
 ]

@@ -66,17 +66,19 @@ degrading (``allow_degraded``), ``bubblewrap`` otherwise.
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from stockade.model._actions import Action, Credential, Kind, Route
-from stockade.model._rules import RuleHost, Rules
+from stockade.model._rules import Rules
 from stockade.policy import LAYERS, Policy, Reason
 from stockade.policy._credentials import looks_like_credential
+from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._inspect import REFUSED_METHODS, InspectScope
 from stockade.policy._model import BACKENDS
+from stockade.policy._network import EgressRules, parse_address
 from stockade.policy._tables import BASE_ENV_NAMES, DEFAULT_PROTECTED, SYSTEM_PATHS, SYSTEM_SECRETS
 
 _LC = re.compile(r"^LC_[A-Z]+$")
@@ -101,11 +103,8 @@ BLOCKED_SYSCALLS: frozenset[str] = frozenset(
 #: seccomp refuses them there.
 CONTAINER_SYSCALLS: frozenset[str] = frozenset({"userns", "mount"})
 
-_METADATA = frozenset({"169.254.169.254", "fd00:ec2::254", "100.100.100.200"})
-
-#: what the proxy refuses on an inspected host: TRACE/TRACK echo the request back, a
-#: CONNECT inside a tunnel would open an unexamined one (egress.inspect REFUSED_METHODS)
-INSPECT_REFUSED_METHODS: frozenset[str] = frozenset({"TRACE", "TRACK", "CONNECT"})
+#: what the proxy refuses on an inspected host (the enforcement's own table)
+INSPECT_REFUSED_METHODS: frozenset[str] = REFUSED_METHODS
 
 #: A layer's predicate: the reason it stops the action on the route (None: not stopped).
 #: The route is None for actions that do not leave over the network.
@@ -121,66 +120,13 @@ def _within_any(path: str, roots: Iterable[str]) -> bool:
     return any(_within(path, r) for r in roots)
 
 
-@dataclass(frozen=True, slots=True)
-class _HostEntry:
-    text: str
-    host: str
-    port: int | None
-    suffix: bool = False
-    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
-
-    def matches(self, host: str, port: int) -> bool:
-        if self.port is not None and port != self.port:
-            return False
-        if self.network is not None:
-            address = _ip(host)
-            return address is not None and address in self.network
-        if self.suffix:
-            return host.endswith("." + self.host)
-        return host == self.host
-
-    def names_address(self, address: str, port: int) -> bool:
-        if self.port is not None and port != self.port:
-            return False
-        ip = _ip(address)
-        return ip is not None and self.network is not None and ip in self.network
-
-
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _normal(host: str) -> str:
+    """The one spelling the enforcement decides on; a host it would refuse to parse keeps
+    a lower-cased spelling (it then matches no pattern, as in the proxy)."""
     try:
-        return ipaddress.ip_address(text.strip("[]"))
+        return normalize_host(host)
     except ValueError:
-        return None
-
-
-def parse_host_entry(text: str) -> _HostEntry:
-    """Parse an allow/deny entry (``host``, ``*.suffix``, ``host:port``, IP, CIDR)."""
-    raw = text.strip().lower()
-    port: int | None = None
-    if raw.startswith("["):
-        end = raw.index("]")
-        rest = raw[end + 1 :]
-        raw, port = raw[1:end], int(rest[1:]) if rest.startswith(":") else None
-    elif raw.count(":") == 1:
-        raw, port_text = raw.split(":")
-        port = int(port_text)
-    raw = raw.rstrip(".")
-    if "/" in raw or _ip(raw) is not None:
-        network = ipaddress.ip_network(raw, strict=False)
-        return _HostEntry(text, str(network), port, network=network)
-    if raw.startswith("*."):
-        return _HostEntry(text, raw[2:], port, suffix=True)
-    return _HostEntry(text, raw, port)
-
-
-def host_public(address: str) -> bool:
-    """True for an address the egress layer treats as public (not loopback, private, ...)."""
-    ip = _ip(address)
-    if ip is None:
-        return True
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+        return host.lower().rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -201,7 +147,8 @@ class Boundary:
     #: the landlock backend depends on it, for the pids cap
     cgroup: bool = False
     _rules: Rules = field(init=False, repr=False, compare=False)
-    _bound_hosts: tuple[RuleHost, ...] = field(init=False, repr=False, compare=False)
+    _scope: InspectScope = field(init=False, repr=False, compare=False)
+    _egress_rules: EgressRules = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -211,8 +158,12 @@ class Boundary:
         # Compiled once (the rules are judged for every action of every subset); the
         # dataclass is frozen, so the derived fields are set the way its __init__ does.
         object.__setattr__(self, "_rules", Rules(self.policy.network.rules))
-        bound = tuple(RuleHost.parse(h) for s in self.policy.secrets for h in s.hosts)
-        object.__setattr__(self, "_bound_hosts", bound)
+        # The enforcement's own decision objects (L0): no table of the model's own.
+        # Whether the inspect layer is on is the layer subset's business, not the scope's.
+        object.__setattr__(self, "_scope", InspectScope.from_policy(self.policy))
+        # The host's own addresses are not the model's to know: none are "self".
+        egress = EgressRules.from_policy(self.policy.network, local=frozenset())
+        object.__setattr__(self, "_egress_rules", egress)
 
     @property
     def backend(self) -> str:
@@ -404,29 +355,27 @@ class Boundary:
     # -- egress: empty network namespace, the proxy and its allow-list -----------------
 
     def host_decision(self, host: str, port: int, address: str = "") -> Reason | None:
-        """The egress verdict on ``host:port`` known to resolve to ``address``."""
-        net = self.policy.network
-        host = host.lower().rstrip(".")
-        deny = [parse_host_entry(e) for e in net.deny]
-        allow = [parse_host_entry(e) for e in net.allow]
-        if any(e.matches(host, port) for e in deny):
-            return Reason.HOST_DENIED
-        if not any(e.matches(host, port) for e in allow):
-            return Reason.HOST_NOT_ALLOWED
-        pinned = {k.lower().rstrip("."): v.strip("[]") for k, v in net.hosts.items()}
-        address = pinned.get(host, address or (host if _ip(host) is not None else ""))
-        if not address or host_public(address):
+        """The egress verdict on ``host:port`` known to resolve to ``address``.
+
+        Decided by the proxy's own :class:`~stockade.policy._network.EgressRules`: the
+        name first, then the address (the ``hosts`` pin, the IP literal, or
+        ``address``); with no address known, the name's verdict.
+        """
+        rules = self._egress_rules
+        host = _normal(host)
+        named = rules.check_name(host, port)
+        if not named.allowed:
+            return named.reason
+        ip = rules.pin(host) or ip_literal(host)
+        if ip is None and address:
+            try:
+                ip = parse_address(address.strip("[]"))
+            except ValueError:
+                ip = None
+        if ip is None:
             return None
-        if any(e.names_address(address, port) for e in deny):
-            return Reason.HOST_DENIED
-        if address in _METADATA:
-            # Only an allow entry naming that single address opens a metadata endpoint.
-            single = [e for e in allow if e.network is not None and e.network.num_addresses == 1]
-            ok = any(e.names_address(address, port) for e in single)
-            return None if ok else Reason.ADDRESS_METADATA
-        if pinned.get(host) == address or any(e.names_address(address, port) for e in allow):
-            return None
-        return Reason.ADDRESS_NOT_PUBLIC
+        verdict = rules.check_address(host, port, ip)
+        return None if verdict.decision.allowed else verdict.decision.reason
 
     def _egress(self, action: Action, route: Route | None = None) -> Reason | None:
         kind = action.kind
@@ -461,8 +410,7 @@ class Boundary:
 
     def bound(self, host: str, port: int = 0) -> bool:
         """True when the policy binds a credential (``[secrets.NAME]``) to ``host:port``."""
-        host = host.lower().rstrip(".")
-        return any(h.matches(host, port) for h in self._bound_hosts)
+        return self._scope.bound(_normal(host), port)
 
     def inspected(self, host: str, port: int) -> bool:
         """True when the proxy intercepts traffic to ``host:port`` rather than relaying it.
@@ -470,20 +418,17 @@ class Boundary:
         As the enforcement decides: a rule names the host, a secret is bound to it, or
         labels are configured (then every host is, labelled data may go anywhere).
         """
-        host = host.lower().rstrip(".")
-        return (
-            self.policy.labels.configured or self._rules.ruled(host, port) or self.bound(host, port)
-        )
+        return self._scope.inspected(_normal(host), port)
 
     def rule_decision(self, host: str, port: int, method: str, path: str) -> Reason | None:
         """Why ``network.rules`` refuse ``method path`` on ``host:port`` (None: let on)."""
-        return self._rules.decide(host.lower().rstrip("."), port, method, path)
+        return self._rules.decide(_normal(host), port, method, path)
 
     def _inspect(self, action: Action, route: Route | None = None) -> Reason | None:
         # Inspection happens in the proxy: a route that bypasses it is not its concern.
         if route is not Route.PROXY or action.kind not in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return None
-        host, port = action.host.lower().rstrip("."), action.port
+        host, port = _normal(action.host), action.port
         if not self.inspected(host, port):
             # An opaque tunnel: whatever it carries is out of sight (DESIGN §2).
             return None

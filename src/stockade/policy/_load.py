@@ -976,34 +976,43 @@ _NOT_CREDENTIAL_HEADERS = frozenset(
 )
 
 
-def _split_host_port(text: str) -> tuple[str, int | None]:
-    """``host[:port]`` (``[v6]:port`` too), lower-cased, one trailing dot dropped."""
-    host, port = text.strip().lower(), None
-    if host.startswith("["):
-        end = host.find("]")
-        rest = host[end + 1 :]
-        host = host[1:end]
-        if rest.startswith(":") and rest[1:].isdigit():
-            port = int(rest[1:])
-    elif host.count(":") == 1:
-        name, _, digits = host.partition(":")
-        if digits.isdigit():
-            host, port = name, int(digits)
-    return host.removesuffix("."), port
-
-
 def _host_covered(pattern: str, allow: tuple[str, ...]) -> bool:
-    """True when every host ``pattern`` names is reachable under some ``network.allow`` entry."""
-    host, port = _split_host_port(pattern)
+    """True when every host ``pattern`` names is reachable under some ``network.allow`` entry.
+
+    Both sides are read by the allow-list's own parser (:func:`parse_pattern`), so a rule
+    on ``straße.test`` is covered by exactly the entries that admit ``xn--strae-oqa.test``.
+    """
+    from stockade.policy._hosts import PatternKind, parse_pattern
+
+    try:
+        rule = parse_pattern(pattern)
+    except ValueError:
+        return False
     for entry in allow:
-        a_host, a_port = _split_host_port(entry)
-        if a_port is not None and port != a_port:
+        try:
+            a = parse_pattern(entry)
+        except ValueError:
             continue
-        if host == a_host:
-            return True
-        if a_host.startswith("*.") and host.removeprefix("*.").endswith("." + a_host[2:]):
-            return True
-        if a_host.startswith("*.") and host.startswith("*.") and host[2:] == a_host[2:]:
+        if a.port is not None and rule.port != a.port:
+            continue
+        if rule.kind is PatternKind.SUFFIX:
+            # every subdomain of rule.host must be under a.host's subdomains
+            if a.kind is PatternKind.SUFFIX and (
+                rule.host == a.host or rule.host.endswith("." + a.host)
+            ):
+                return True
+            continue
+        if rule.kind is PatternKind.NETWORK:
+            inner, outer = rule.network, a.network
+            if (
+                inner is not None
+                and outer is not None
+                and inner.version == outer.version
+                and inner.subnet_of(outer)  # type: ignore[arg-type]
+            ):
+                return True
+            continue
+        if a.matches(rule.host, rule.port or a.port or 0):
             return True
     return False
 

@@ -162,7 +162,34 @@ RISKY_HOSTS: dict[str, str] = {
     "transfer.sh": "a file drop",
     "file.io": "a file drop",
     "filev2.getsession.org": "a file drop used for exfiltration",
+    "1.1.1.1": "a DNS-over-HTTPS resolver",
+    "8.8.8.8": "a DNS-over-HTTPS resolver",
+    "requestbin.net": "a webhook collector",
+    "hastebin.com": "a paste service",
+    "interact.sh": "an out-of-band interaction collector",
+    "oast.fun": "an out-of-band interaction collector",
+    "oast.pro": "an out-of-band interaction collector",
+    "oast.live": "an out-of-band interaction collector",
+    "oast.site": "an out-of-band interaction collector",
+    "oast.online": "an out-of-band interaction collector",
+    "oast.me": "an out-of-band interaction collector",
+    "oastify.com": "an out-of-band interaction collector",
+    "burpcollaborator.net": "an out-of-band interaction collector",
 }
+
+#: Broad or dual-use destinations (``stockade explain``): anyone can publish there, so an
+#: allow is a way out even though the host is an ordinary one.
+BROAD_HOSTS: tuple[tuple[str, str], ...] = (
+    ("github.com", "anyone can push to a repository or open a gist/issue there"),
+    ("*.github.com", "anyone can push to a repository or open a gist/issue there"),
+    ("githubusercontent.com", "serves content any user uploads"),
+    ("*.amazonaws.com", "every customer's buckets and APIs, including an attacker's"),
+    ("*.googleapis.com", "every customer's storage and APIs, including an attacker's"),
+    ("*.blob.core.windows.net", "every customer's storage, including an attacker's"),
+    ("*.cloudfront.net", "any customer's distribution"),
+    ("*.herokuapp.com", "any customer's app"),
+    ("*.vercel.app", "any customer's app"),
+)
 
 
 def risky_host(entry: str) -> str | None:

@@ -38,7 +38,9 @@ from typing import Any
 
 from stockade._exceptions import SandboxError
 from stockade.audit import AuditLog
+from stockade.audit._sink import FailClosed
 from stockade.egress import EgressProxy, EgressRules, proxy_environment
+from stockade.egress._assemble import build_proxy
 from stockade.egress._netns import (
     DNS_PORT,
     MAX_CAPTURE_PORTS,
@@ -51,7 +53,8 @@ from stockade.egress.approval import ApprovalBroker, RunGate
 from stockade.egress.dns import AddressPool, DnsServer
 from stockade.egress.upstream import Transport, resolve_upstream
 from stockade.enforce.environment import trust_paths
-from stockade.policy import Decision, Policy
+from stockade.policy import Policy
+from stockade.policy._inspect import wants_inspection
 
 #: The port the proxy listens on inside every sandbox (its own network namespace).
 PROXY_PORT = 3128
@@ -123,9 +126,7 @@ def resolver_files(scratch: Path, hostname: str, isolate: bool) -> list[tuple[Pa
 
 def inspects(policy: Policy) -> bool:
     """Whether the inspect layer has anything to do for ``policy``."""
-    return policy.layers.inspect and bool(
-        policy.network.rules or policy.secrets or policy.labels.configured
-    )
+    return wants_inspection(policy)
 
 
 class EgressPlan:
@@ -202,27 +203,25 @@ class EgressPlan:
 
     def proxy(self, audit: AuditLog, argv: Sequence[str] = ()) -> RunProxy:
         """A proxy for one run (``argv``), writing to that run's audit log."""
-        inspect = None
-        # One transport for the proxy and the inspect layer: both open their connections
-        # through the operator's upstream proxy, if there is one.
-        transport = Transport(self.upstream)
-        if self._ca is not None:
-            from stockade.egress.inspect import InspectLayer
-
-            inspect = InspectLayer.from_policy(
-                self.policy,
-                self._ca,
-                audit,
-                secrets=self._store,
-                caller_trust=self.caller_trust,
-                transport=transport,
-            )
         pool = AddressPool() if self.transparent else None
         gate = None
         if self.approvals is not None:
             gate = self.approvals.gate(audit.run_id, argv, audit.emit)
-        proxy = EgressProxy(
-            self.rules, audit, inspect=inspect, pool=pool, gate=gate, transport=transport
+        # The shared assembly: inspection, secrets and labels as the policy asks (the CA
+        # made for this sandbox); one transport for the proxy and the inspect layer, so
+        # both open their connections through the operator's upstream proxy.
+        proxy = build_proxy(
+            self.policy,
+            audit,
+            caller="stockade run",
+            ca_fix="this is a bug: the sandbox's CA was not made",
+            rules=self.rules,
+            ca=self._ca,
+            secrets=self._store,
+            caller_trust=self.caller_trust,
+            transport=Transport(self.upstream),
+            pool=pool,
+            gate=gate,
         )
         loop = self.loop()
         if gate is not None:
@@ -267,7 +266,9 @@ class RunProxy:
         self.dns: DnsServer | None = None
         if capture_ports is not None and proxy.pool is not None:
             live = _live_rules(proxy.gate) if proxy.gate is not None else None
-            self.dns = DnsServer(proxy.rules, proxy.pool, self._dns_event, live=live)
+            # The resolver writes to the run's log; a write that fails closes the proxy.
+            sink = FailClosed(audit, proxy.close, "dns")
+            self.dns = DnsServer(proxy.rules, proxy.pool, sink, live=live)
         self._serving: list[Future[None]] = []
         #: the sandbox's namespace, held while grants may add capture ports
         self._netns: Netns | None = None
@@ -280,9 +281,6 @@ class RunProxy:
         self._serving.append(
             asyncio.run_coroutine_threadsafe(self.proxy.serve_socket(sock), self.loop)
         )
-
-    def _dns_event(self, event: str, decision: Decision, fields: dict[str, Any]) -> None:
-        self.audit.decision(event, decision, **fields)
 
     def attach(self, child_pid: int) -> None:
         """Create the listeners inside ``child_pid``'s network namespace and serve them.

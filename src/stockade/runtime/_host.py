@@ -124,14 +124,11 @@ def _userns_check(bwrap: str | None) -> Check:
 
 @functools.cache
 def landlock_abi() -> int:
-    """The Landlock ABI version of the running kernel, 0 when Landlock is unavailable."""
-    import ctypes
+    """The Landlock ABI version of the running kernel, 0 when Landlock is unavailable
+    (:func:`stockade.enforce.landlock.abi_version`, asked once per process)."""
+    from stockade.enforce.landlock import abi_version
 
-    from stockade._libc import libc
-
-    landlock_create_ruleset = 444  # same number on every architecture
-    version = libc().syscall(landlock_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    return max(int(version), 0)
+    return abi_version()
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from stockade.egress.inspect import (
 )
 from stockade.policy import parse_policy_text
 
-HOSTS = ("api.test", "registry.test", "other.test")
+HOSTS = ("api.test", "registry.test", "other.test", "xn--strae-oqa.test")
 
 
 @dataclass
@@ -41,6 +41,8 @@ class Received:
     headers: dict[str, str]
     body_len: int
     body: bytes
+    #: trailer fields of a chunked request
+    trailers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Upstream:
         for r in self.received:
             if needle in r.target or any(needle in v for v in r.headers.values()):
                 return True
+            if needle in r.method or any(needle in v for v in r.trailers.values()):
+                return True
             if raw in r.body:
                 return True
         return False
@@ -82,6 +86,7 @@ class Upstream:
         try:
             while True:
                 req: h11.Request | None = None
+                trailers: dict[str, str] = {}
                 body = bytearray()
                 size = 0
                 while True:
@@ -97,13 +102,21 @@ class Upstream:
                         if len(body) < 1 << 20:
                             body += event.data
                     elif isinstance(event, h11.EndOfMessage):
+                        trailers = {n.decode(): v.decode() for n, v in event.headers}
                         break
                     else:
                         return
                 assert req is not None
                 headers = {n.decode(): v.decode() for n, v in req.headers}
                 self.received.append(
-                    Received(req.method.decode(), req.target.decode(), headers, size, bytes(body))
+                    Received(
+                        req.method.decode(),
+                        req.target.decode(),
+                        headers,
+                        size,
+                        bytes(body),
+                        trailers,
+                    )
                 )
                 if req.target == b"/echo-headers":
                     text = "\n".join(f"{n}: {v}" for n, v in headers.items()).encode()
@@ -158,8 +171,10 @@ class Client:
         headers: Sequence[tuple[str, str]] = (),
         body: bytes | Iterable[bytes] = b"",
         pause: float = 0.0,
+        trailers: Sequence[tuple[str, str]] = (),
     ) -> Response:
-        """Send one request (a list of chunks is sent chunked, ``pause`` between them)."""
+        """Send one request (a list of chunks is sent chunked, ``pause`` between them,
+        then ``trailers``)."""
         if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
             self.conn.start_next_cycle()
         hs = [("host", host), *headers]
@@ -179,7 +194,7 @@ class Client:
                 self._send(h11.Data(data=chunk))
                 if pause:
                     time.sleep(pause)
-        self._send(h11.EndOfMessage())
+        self._send(h11.EndOfMessage(headers=list(trailers)))
         return self.read_response()
 
     def stream(self, method: str, target: str, *, host: str, size: int, piece: int) -> Response:

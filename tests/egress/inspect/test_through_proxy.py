@@ -225,3 +225,84 @@ def test_plain_http_to_an_inspected_host_is_refused(tmp_path: Path) -> None:
             assert p.upstream.received == []
 
     run(go())
+
+
+IDN_POLICY = """
+[network]
+allow = ["straße.test"]
+hosts = {{ "straße.test" = "127.0.0.1" }}
+tls_ports = [{port}]
+tls = {{ upstream_ca = "{ca}" }}
+
+[[network.rules]]
+host = "straße.test"
+methods = ["GET"]
+"""
+
+
+def test_rules_on_an_idn_host_are_enforced(tmp_path: Path) -> None:
+    """A rule on straße.test applies to the A-label the allow-list admits (IDNA 2008):
+    the host is intercepted, PUT is refused, its GET twin passes."""
+
+    async def go() -> None:
+        async with proxied(tmp_path, IDN_POLICY) as p:
+            host = "xn--strae-oqa.test"
+            put = await asyncio.to_thread(p.https, host, "PUT", "/x", body=b"data")
+            assert put.status == 403
+            assert put.headers["x-stockade-reason"] == "no-rule-matched"
+            get = await asyncio.to_thread(p.https, host, "GET", "/x")
+            assert get.status == 200
+            assert [r.method for r in p.upstream.received] == ["GET"]
+            assert [e["method"] for e in p.events("net_request")] == ["PUT", "GET"]
+
+    run(go())
+
+
+def test_an_inspect_event_that_cannot_be_written_closes_the_proxy(tmp_path: Path) -> None:
+    """build_proxy's one fail-closed rule covers the inspect layer's events too: a
+    ``net_request`` that cannot be written stops the proxy (it would run unaudited); the
+    twin whose sink works keeps serving."""
+    from stockade.egress._assemble import build_proxy
+
+    async def go(broken: bool) -> bool:
+        ca = trustme.CA()
+        ca_file = tmp_path / f"upstream-ca-{broken}.pem"
+        ca.cert_pem.write_to_path(str(ca_file))
+        upstream = Upstream(ca)
+        await upstream.start()
+        policy = parse_policy_text(
+            POLICY.format(port=upstream.port, ca=ca_file), "t.toml", workspace=tmp_path
+        )
+        written: list[str] = []
+
+        def sink(decision: object, fields: dict[str, Any]) -> None:
+            if broken and fields["event"] == "net_request":
+                raise OSError("disk full")
+            written.append(fields["event"])
+
+        interception = CertificateAuthority.ephemeral()
+        bundle = write_trust_bundle(interception, tmp_path / f"bundle-{broken}.pem")
+        store = SecretStore.resolve(policy.secrets, {"REAL_API_KEY": REAL_KEY})
+        proxy = build_proxy(policy, sink, caller="test", ca_fix="-", ca=interception, secrets=store)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        serving = asyncio.get_running_loop().create_task(proxy.serve_socket(listener))
+        p = Proxied(upstream, port, bundle, ca_file, AuditLog("x", None), store, proxy.inspect)  # type: ignore[arg-type]
+        try:
+            r = await asyncio.to_thread(p.https, "registry.test", "GET", "/x")
+            assert r.status == 200
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(serving), 5 if broken else 0.5)
+            return serving.done()
+        finally:
+            proxy.close()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(serving, 5)
+            if proxy.inspect is not None:
+                proxy.inspect.close()  # type: ignore[attr-defined]
+            await upstream.stop()
+
+    assert asyncio.run(go(broken=True)) is True
+    assert asyncio.run(go(broken=False)) is False

@@ -498,3 +498,107 @@ def test_client_refusing_the_certificate_is_logged(tmp_path: Path) -> None:
             assert h.events() == []
 
     run(go())
+
+
+# -- requests the next hop would answer with the request itself ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("TRACE", []), ("TRACK", []), ("trace", []), ("OPTIONS", [("max-forwards", "0")])],
+)
+def test_echo_requests_are_405_with_no_upstream_contact(
+    tmp_path: Path, method: str, headers: list[tuple[str, str]]
+) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            # api.test has a bound secret: an echo would carry the injected real key back.
+            r = await h.call("api.test", method, "/v1/models", headers=headers)
+            assert r.status == 405
+            assert r.headers["x-stockade-reason"] == "bad-request"
+            assert h.upstream.connections == 0
+            ok = await h.call("api.test", "GET", "/v1/models")
+            assert ok.status == 200
+
+    run(go())
+
+
+# -- every part of a request: the method and the trailers too -----------------------------
+
+
+@pytest.mark.parametrize("what", ["label", "placeholder"])
+def test_a_secret_as_the_method_is_refused(tmp_path: Path, what: str) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            value = LABELLED if what == "label" else h.placeholder
+            r = await h.call("other.test", value, "/m")
+            assert r.status == 403
+            reason = "labelled-data" if what == "label" else "secret-wrong-host"
+            assert r.headers["x-stockade-reason"] == reason
+            assert h.upstream.received == []
+            assert not h.upstream.seen(value)
+            await h.settle()
+            assert value not in str(h.audit.events)
+            ok = await h.call("other.test", "GET", "/m")
+            assert ok.status == 200
+
+    run(go())
+
+
+def test_a_labelled_value_in_a_trailer_is_refused(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            r = await h.call(
+                "other.test", "POST", "/t", body=[b"harmless"], trailers=[("x-note", LABELLED)]
+            )
+            assert r.status == 403
+            assert r.headers["x-stockade-reason"] == "labelled-data"
+            assert h.upstream.received == []
+            assert not h.upstream.seen(LABELLED[:12])
+            await h.settle()
+            assert LABELLED not in str(h.audit.events)
+
+    run(go())
+
+
+def test_a_foreign_bearer_in_a_trailer_to_a_bound_host_is_refused(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            trailer = ("authorization", "Bearer ATTACKER-KEY-000111222333")
+            r = await h.call(
+                "api.test",
+                "POST",
+                "/v1/messages",
+                headers=[("x-api-key", h.placeholder)],
+                body=[b"{}"],
+                trailers=[trailer],
+            )
+            assert r.status == 403
+            assert r.headers["x-stockade-reason"] == "foreign-credential"
+            assert h.upstream.received == []
+            assert not h.upstream.seen("ATTACKER")
+
+    run(go())
+
+
+def test_a_request_with_a_harmless_trailer_passes(tmp_path: Path) -> None:
+    """The twin: a chunked body with a plain trailer reaches a bound host, trailer and
+    injected key included; without trailers the same request passes as well."""
+
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            for trailers in ([("x-checksum", "abc123")], []):
+                r = await h.call(
+                    "api.test",
+                    "POST",
+                    "/v1/messages",
+                    headers=[("x-api-key", h.placeholder)],
+                    body=[b"{}"],
+                    trailers=trailers,
+                )
+                assert r.status == 200
+                seen = h.upstream.received[-1]
+                assert seen.headers["x-api-key"] == REAL_KEY
+                assert seen.trailers == dict(trailers)
+
+    run(go())

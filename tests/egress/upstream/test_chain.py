@@ -37,8 +37,15 @@ class Chained:
     """An :class:`EgressProxy` for a policy, serving 127.0.0.1 inside netns A."""
 
     def __init__(
-        self, net: CompanyNet, policy_text: str, *, inspect: bool = False, trust: bool = True
+        self,
+        net: CompanyNet,
+        policy_text: str,
+        *,
+        inspect: bool = False,
+        trust: bool = True,
+        proxy: EgressProxy | None = None,
     ) -> None:
+        """``proxy``: serve this one (built elsewhere, e.g. by the gateway) instead."""
         self.net = net
         self.events: list[tuple[Decision, dict[str, Any]]] = []
         self.lock = threading.Lock()
@@ -61,7 +68,7 @@ class Chained:
                 caller_trust=[net.ca_path] if trust else [],
                 transport=transport,
             )
-        self.proxy = EgressProxy(rules, self._record, transport=transport, inspect=layer)
+        self.proxy = proxy or EgressProxy(rules, self._record, transport=transport, inspect=layer)
         self.layer = layer
         self.loop = asyncio.new_event_loop()
         self.port = 0
@@ -458,3 +465,64 @@ def test_inspected_tls_is_re_originated_through_squid(net: CompanyNet) -> None:
                 assert "not trusted" in decision.detail
         finally:
             proxy.stop()
+
+
+def test_trace_never_reaches_the_upstream(net: CompanyNet, chained: Chained) -> None:
+    """TRACE to the company proxy would echo stockade's Proxy-Authorization back: it is
+    refused (405) before anything is sent; its GET twin goes through squid."""
+    before = net.squid.log()
+    for method, extra in (("TRACE", ""), ("TRACK", ""), ("OPTIONS", "Max-Forwards: 0\r\n")):
+        with chained.connect() as sock:
+            url = f"http://web.test:{net.http.port}/echo"
+            sock.sendall(
+                f"{method} {url} HTTP/1.1\r\nHost: web.test\r\n{extra}"
+                "Connection: close\r\n\r\n".encode()
+            )
+            response = _read_all(sock)
+        assert response.startswith(b"HTTP/1.1 405"), response
+        assert b"alice" not in response
+    assert not [r for r in net.http.requests() if r["path"] == "/echo"]
+    response = forward_get(chained, f"http://web.test:{net.http.port}/echo-twin")
+    assert response.startswith(b"HTTP/1.1 200"), response
+    assert net.squid.wait_log("/echo-twin")
+    new = net.squid.log()[len(before) :]
+    assert len(new) == 1, new
+    assert "/echo-twin" in new[0], new
+
+
+def _gateway_proxy(net: CompanyNet, tmp_path: Path, policy_text: str) -> EgressProxy:
+    """The proxy the gateway builds for ``policy_text`` (its own assembly, no identity)."""
+    from stockade.gateway._kube import KubeClient, KubeConfig
+    from stockade.gateway._server import Gateway, GatewayConfig
+
+    kube = KubeClient(KubeConfig("127.0.0.1", 1, tmp_path / "token", tmp_path / "ca.pem"))
+    events: list[dict[str, Any]] = []
+    gateway = Gateway(GatewayConfig(policies=tmp_path), kube, namespace=None, audit=events.append)
+    (proxy,) = gateway._build({"team": parse_policy_text(policy_text)}).values()
+    assert isinstance(proxy, EgressProxy)
+    return proxy
+
+
+def test_gateway_proxies_honour_the_upstream(net: CompanyNet, tmp_path: Path) -> None:
+    """A gateway policy's [network.upstream] carries its connections through squid."""
+    text = net.policy()
+    served = Chained(net, text, proxy=_gateway_proxy(net, tmp_path, text))
+    try:
+        path = "/through-the-gateway"
+        answer, response = connect_get(served, "web.test", net.http.port, path)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert b"hello from" in response, response
+        seen = [r for r in net.http.requests() if r["path"] == path]
+        assert seen
+        assert seen[0]["peer"] == net.squid.address
+        assert net.squid.wait_log(f"CONNECT {net.target_address}:{net.http.port}")
+    finally:
+        served.stop()
+    # The twin: the same policy without the upstream cannot reach the target at all.
+    direct = text.split("[network.upstream]")[0]
+    served = Chained(net, direct, proxy=_gateway_proxy(net, tmp_path, direct))
+    try:
+        answer, _ = connect_get(served, "web.test", net.http.port)
+        assert answer.startswith(b"HTTP/1.1 502"), answer
+    finally:
+        served.stop()

@@ -30,6 +30,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from stockade.audit._sink import AuditSink
 from stockade.egress._rules import LAYER, EgressRules
 from stockade.egress.dns import _codec as dns
 from stockade.egress.dns._pool import AddressPool
@@ -40,8 +41,8 @@ __all__ = ["MAX_EVENTS", "DnsServer", "EmitCallback"]
 
 logger = logging.getLogger("stockade.egress")
 
-#: Writes one event: its name, the decision and the event's fields.
-EmitCallback = Callable[[str, Decision, dict[str, Any]], None]
+#: Writes one event: its name, the decision and the event's fields (the audit sink).
+EmitCallback = AuditSink
 
 #: Distinct (name, verdict) events written per run before the resolver stops logging.
 MAX_EVENTS = 2000

@@ -18,6 +18,7 @@ How the runtime and the proxy use it:
 
 from stockade.egress.inspect._ca import CertificateAuthority as CertificateAuthority
 from stockade.egress.inspect._ca import Leaf as Leaf
+from stockade.egress.inspect._ca import load_ca as load_ca
 from stockade.egress.inspect._ca import system_roots_path as system_roots_path
 from stockade.egress.inspect._ca import trust_environment as trust_environment
 from stockade.egress.inspect._ca import user_ca_dir as user_ca_dir
@@ -28,7 +29,6 @@ from stockade.egress.inspect._http import normalise_target as normalise_target
 from stockade.egress.inspect._inspector import Inspector as Inspector
 from stockade.egress.inspect._inspector import RequestPlan as RequestPlan
 from stockade.egress.inspect._inspector import RequestRecord as RequestRecord
-from stockade.egress.inspect._rules import HostMatch as HostMatch
 from stockade.egress.inspect._rules import RuleSet as RuleSet
 from stockade.egress.inspect._secrets import Pattern as Pattern
 from stockade.egress.inspect._secrets import PatternSet as PatternSet
@@ -52,7 +52,6 @@ from stockade.egress.inspect._tunnel import TunnelStats as TunnelStats
 __all__ = [
     "PINNING_MESSAGE",
     "CertificateAuthority",
-    "HostMatch",
     "InspectLayer",
     "InspectingTunnel",
     "Inspector",
@@ -74,6 +73,7 @@ __all__ = [
     "base64_cores",
     "encodings",
     "label_patterns",
+    "load_ca",
     "normalise_target",
     "system_roots_path",
     "trust_environment",

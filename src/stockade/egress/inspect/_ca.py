@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from stockade._exceptions import SandboxError
+from stockade._exceptions import SandboxError, Unavailable
 from stockade.policy._tables import TRUST_DIR_NAMES, TRUST_ENV_NAMES
 
 #: how long a per-run CA is valid; a run longer than this needs a per-user CA
@@ -229,6 +229,32 @@ class CertificateAuthority:
             .sign(self._key, hashes.SHA256())
         )
         return Leaf(host, cert.public_bytes(serialization.Encoding.PEM) + self.cert_pem, not_after)
+
+
+def load_ca(directory: Path) -> CertificateAuthority:
+    """The interception CA kept in ``directory``: ``ca-cert.pem``/``ca-key.pem`` (as
+    ``stockade`` writes them) or ``tls.crt``/``tls.key`` (a Kubernetes TLS Secret).
+
+    Used by ``stockade proxy --ca DIR`` and the gateway's ``--ca DIR``. Raises
+    :class:`~stockade.Unavailable` when none is there or it cannot be read.
+    """
+    for cert_name, key_name in (("ca-cert.pem", "ca-key.pem"), ("tls.crt", "tls.key")):
+        cert_path, key_path = directory / cert_name, directory / key_name
+        if cert_path.is_file() and key_path.is_file():
+            try:
+                cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+                key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+            except (OSError, ValueError) as exc:
+                raise Unavailable(f"the interception CA in {directory}", str(exc)) from None
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise Unavailable(
+                    f"the interception CA in {directory}", "its key must be EC (P-256)"
+                )
+            return CertificateAuthority(key, cert)
+    raise Unavailable(
+        f"the interception CA in {directory}",
+        "give a directory holding ca-cert.pem and ca-key.pem (or tls.crt and tls.key)",
+    )
 
 
 def _write_private(path: Path, data: bytes) -> None:

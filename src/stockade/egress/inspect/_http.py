@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from stockade.egress._http import HOP_BY_HOP as _HOP_BY_HOP
 from stockade.policy import Reason
 
 Headers = Sequence[tuple[bytes, bytes]]
@@ -35,21 +36,9 @@ _AMBIGUOUS_ENCODED = frozenset([0x2E, 0x5C, 0x7F, *range(0x20)])
 #: inspector then refuses it only when reading it as "/" would change the rules' decision.
 _SLASH = 0x2F
 
-#: headers that describe one hop and are never forwarded
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"transfer-encoding",
-        b"expect",
-    }
-)
+#: headers never forwarded from an inspected request: the hop-by-hop set every path
+#: uses, and Expect (the tunnel answers 100-continue itself)
+HOP_BY_HOP = _HOP_BY_HOP | {b"expect"}
 
 
 class Refusal(Exception):

@@ -10,7 +10,6 @@ The asyncio shell (:mod:`._tunnel`) only moves bytes according to the plan.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,10 @@ from stockade.egress.inspect._http import (
     end_to_end,
     header_values,
     normalise_target,
-    split_authority,
 )
 from stockade.egress.inspect._rules import RuleSet
 from stockade.egress.inspect._secrets import (
+    CREDENTIAL_HEADERS,
     Pattern,
     PatternSet,
     SecretStore,
@@ -37,10 +36,9 @@ from stockade.egress.inspect._secrets import (
     with_encodings,
 )
 from stockade.policy import Decision, Policy, Reason
-
-#: methods refused on inspected hosts: TRACE/TRACK echo the request (and an injected
-#: credential) back; CONNECT inside a tunnel would open an unexamined one
-REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT"})
+from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
+from stockade.policy._inspect import InspectScope, echo_refusal
 
 
 @dataclass(slots=True)
@@ -115,14 +113,6 @@ class RequestPlan:
     chunked: bool
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 class Inspector:
     """Rules, bound secrets and labels of one policy, applied to request heads."""
 
@@ -142,6 +132,12 @@ class Inspector:
         self.labels = tuple(labels)
         self.labels_configured = bool(labels) if labels_configured is None else labels_configured
         self.encodings = encodings
+        #: which hosts are intercepted: the one answer the model gives too
+        self.scope = InspectScope(
+            self.rules.hosts,
+            tuple(h for s in self.secrets.secrets for h in s.hosts),
+            self.labels_configured,
+        )
         self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
         self._scans: dict[tuple[str, int], HostScans] = {}
 
@@ -175,11 +171,7 @@ class Inspector:
         A host is inspected when a rule names it, a secret is bound to it, or labels are
         configured (then every TLS host is, since labelled data may go anywhere).
         """
-        return (
-            self.labels_configured
-            or self.rules.ruled(host, port)
-            or bool(self.secrets.bound(host, port))
-        )
+        return self.scope.inspected(host, port)
 
     def patterns(self, host: str, port: int) -> tuple[Pattern, ...]:
         """What requests to ``host:port`` are scanned for."""
@@ -222,13 +214,18 @@ class Inspector:
         so the event of a refused request says as much as was learnt.
         """
         host, port, method = record.host, record.port, record.method
+        # 0. the method is part of the request too (and of its event): scanned first, so
+        # that no later refusal writes a value carried there into the audit log
+        self._scan_method(record)
         # 1. agreement: CONNECT authority = SNI = Host
         if sni is None:
-            if not _is_ip(host):
+            if ip_literal(host) is None:
                 raise Refusal(421, Reason.SNI_MISMATCH, "the TLS ClientHello named no server")
         else:
+            # The proxy's own normaliser (policy._hosts), as its ClientHello check uses:
+            # one spelling of the SNI for both checks.
             try:
-                sni_host, _ = split_authority(sni)
+                sni_host = normalize_host(sni)
             except ValueError:
                 sni_host = ""
             if sni_host != host:
@@ -242,6 +239,9 @@ class Inspector:
         record.path = norm.path
         if method in REFUSED_METHODS:
             raise Refusal(405, Reason.BAD_REQUEST, f"{method} is not forwarded")
+        echo = echo_refusal(method, (n for n, _ in headers))
+        if echo is not None:
+            raise Refusal(405, Reason.BAD_REQUEST, echo)
         # 3. rules
         decision = self.rules.decide(host, port, method, norm.path)
         decoded = norm.slash_decoded
@@ -298,6 +298,49 @@ class Inspector:
             forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
             forwarded.append((b"accept-encoding", b"identity"))
         return RequestPlan(decision, norm, forwarded, scans.body, redact, encoding, chunked)
+
+    def _scan_method(self, record: RequestRecord) -> None:
+        """Refuse a request whose method carries a foreign secret or a labelled value."""
+        scans = self.scans(record.host, record.port)
+        method = record.method.encode("latin-1", "replace")
+        for patterns in (scans.secrets, scans.labels):
+            found = patterns.search(method) if patterns else None
+            if found is not None:
+                record.method = f"[withheld: {found.reason}]"
+                record.label = found.label
+                raise Refusal(403, found.reason, f"{found.where} in the request method")
+
+    def trailers(self, record: RequestRecord, fields: Headers) -> list[tuple[bytes, bytes]]:
+        """Check a chunked request's trailer fields as its head's headers are checked, and
+        return those to forward.
+
+        Scanned for foreign secrets and labelled values like the headers. On a host with
+        a bound secret a trailer never carries a credential (the real value is injected
+        in the head only, so a credential there is the sandbox's own): refused
+        ``foreign-credential``. Hop-by-hop and framing fields are not forwarded.
+        """
+        if not fields:
+            return []
+        host, port = record.host, record.port
+        scans = self.scans(host, port)
+        blob = b"\n".join(n + b": " + v for n, v in fields)
+        for patterns in (scans.secrets, scans.labels):
+            found = patterns.search(blob) if patterns else None
+            if found is not None:
+                record.label = found.label
+                raise Refusal(403, found.reason, f"{found.where} in a request trailer")
+        bound = self.secrets.bound(host, port)
+        if bound:
+            carriers = CREDENTIAL_HEADERS | {s.header for s in bound}
+            for name, _ in fields:
+                if name in carriers:
+                    raise Refusal(
+                        403,
+                        Reason.FOREIGN_CREDENTIAL,
+                        f"trailer {name.decode('latin-1')[:40]} carries a credential; on a "
+                        "host with a bound secret only its header may carry one",
+                    )
+        return end_to_end(fields, drop=(b"host", b"content-length", b"content-encoding"))
 
 
 def _content_encoding(headers: Headers, *, needed: bool) -> str | None:

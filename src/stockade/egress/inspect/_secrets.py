@@ -68,8 +68,8 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 from stockade._exceptions import Unavailable
 from stockade.egress.inspect._http import Headers, Refusal
-from stockade.egress.inspect._rules import HostMatch
 from stockade.policy import BoundSecret, Labels, Reason
+from stockade.policy._hosts import HostPattern, parse_pattern
 
 PLACEHOLDER_PREFIX = "stockade-ph-"
 #: shortest value token taken from a labelled file or variable
@@ -146,7 +146,7 @@ class ResolvedSecret:
     name: str
     value: bytes
     placeholder: bytes
-    hosts: tuple[HostMatch, ...]
+    hosts: tuple[HostPattern, ...]
     header: bytes
 
     def bound_to(self, host: str, port: int) -> bool:
@@ -208,7 +208,7 @@ class SecretStore:
                     s.name,
                     value,
                     make_placeholder().encode(),
-                    tuple(HostMatch.parse(h) for h in s.hosts),
+                    tuple(parse_pattern(h) for h in s.hosts),
                     s.header.encode(),
                 )
             )

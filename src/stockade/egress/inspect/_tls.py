@@ -27,7 +27,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from stockade.egress._rules import parse_address
 from stockade.egress.inspect._ca import CertificateAuthority
+from stockade.egress.upstream import dial
 
 _READ = 256 * 1024
 ALPN = ["http/1.1"]
@@ -277,14 +279,11 @@ class UpstreamPool:
         if self.opener is not None:
             sock = await self.opener(host, port, address)
         else:
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # The one dialler (egress.upstream.dial): exactly the vetted literal, never a
+            # name, never 0.0.0.0; the address crossed as text and is parsed back here.
+            sock = await dial(parse_address(address), port, self.connect_timeout)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                if self.opener is None:
-                    sock.setblocking(False)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await asyncio.get_running_loop().sock_connect(sock, (address, port))
                 stream = await TLSStream.client(sock, self.context, host)
         except BaseException:
             sock.close()

@@ -20,14 +20,14 @@ import logging
 import socket
 import ssl
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h11
 
-from stockade.audit import AuditLog
+from stockade.audit._sink import AuditCallback, AuditSink, as_sink
 from stockade.egress._rules import parse_address
 from stockade.egress.inspect._ca import CertificateAuthority
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
@@ -39,9 +39,6 @@ from stockade.egress.upstream import Transport, UpstreamRefused, UpstreamUnreach
 from stockade.policy import Decision, Policy, Reason
 
 logger = logging.getLogger("stockade.egress.inspect")
-
-#: called with each decision and its event fields (``event`` included) when no AuditLog
-AuditCallback = Callable[[Decision, dict[str, Any]], None]
 
 #: largest gzip/deflate request body held for scanning
 MAX_ENCODED_BODY = 16 * 1024 * 1024
@@ -92,7 +89,8 @@ class InspectLayer:
     Args:
         inspector: rules, secrets and labels of the policy.
         ca: the interception CA (per user or per run).
-        audit: an :class:`~stockade.audit.AuditLog` or a callback ``(decision, fields)``.
+        audit: an :class:`~stockade.audit._sink.AuditSink` (an AuditLog, say) or a
+            callback ``(decision, fields)``.
         upstream_ca: verify upstreams against this CA file instead of the system roots.
         caller_trust: CA bundles the caller's trust-store variables name, trusted too
             (a company proxy that intercepts TLS presents certificates of its own CA).
@@ -104,7 +102,7 @@ class InspectLayer:
         self,
         inspector: Inspector,
         ca: CertificateAuthority,
-        audit: AuditLog | AuditCallback | None = None,
+        audit: AuditSink | AuditCallback | None = None,
         *,
         upstream_ca: Any = None,
         caller_trust: Sequence[Path] = (),
@@ -117,7 +115,8 @@ class InspectLayer:
     ) -> None:
         self.inspector = inspector
         self.ca = ca
-        self.audit = audit
+        #: where events go (the proxy's assembly wraps it to close the proxy on failure)
+        self.audit: AuditSink | None = as_sink(audit)
         self.contexts = ServerContexts(ca)
         self.transport = transport
         opener = transport.tls_socket if transport is not None and transport.upstream else None
@@ -133,7 +132,7 @@ class InspectLayer:
         cls,
         policy: Policy,
         ca: CertificateAuthority,
-        audit: AuditLog | AuditCallback | None = None,
+        audit: AuditSink | AuditCallback | None = None,
         *,
         secrets: SecretStore | None = None,
         environ: Mapping[str, str] | None = None,
@@ -168,10 +167,8 @@ class InspectLayer:
             fields.setdefault("rule", decision.rule)
         if decision.detail:
             fields.setdefault("detail", decision.detail)
-        if isinstance(self.audit, AuditLog):
-            self.audit.decision(event, decision, **fields)
-        elif self.audit is not None:
-            self.audit(decision, {"event": event, **fields})
+        if self.audit is not None:
+            self.audit(event, decision, fields)
 
     def close(self) -> None:
         """Close pooled upstream connections and release the in-memory key."""
@@ -295,6 +292,14 @@ class InspectingTunnel:
             return await self._refuse(client, stream, record, failed, drain=False)
         return await self._relay_response(client, stream, upstream, up, plan, record)
 
+    def _trailers(
+        self, plan: RequestPlan, record: RequestRecord, end: h11.EndOfMessage
+    ) -> list[tuple[bytes, bytes]]:
+        """The trailer fields to forward, checked as the head was (raises Refusal)."""
+        if not plan.chunked:
+            return []
+        return self.layer.inspector.trailers(record, list(end.headers))
+
     async def _read_encoded(
         self, client: h11.Connection, stream: TLSStream, plan: RequestPlan, record: RequestRecord
     ) -> bytes:
@@ -313,6 +318,8 @@ class InspectingTunnel:
                         "cannot be scanned; send it uncompressed",
                     )
             elif isinstance(event, h11.EndOfMessage):
+                # Checked like the rest; not forwarded (the body is re-framed whole).
+                self._trailers(plan, record, event)
                 break
         self.stats.max_buffered = max(self.stats.max_buffered, len(body))
         scanner = StreamScanner(plan.scan)
@@ -392,7 +399,7 @@ class InspectingTunnel:
                 rest = scanner.finish()
                 if rest:
                     await _send(up, upstream, h11.Data(data=rest))
-                trailers = list(event.headers) if plan.chunked else []
+                trailers = self._trailers(plan, record, event)
                 await _send(up, upstream, h11.EndOfMessage(headers=trailers))
                 return
             else:
