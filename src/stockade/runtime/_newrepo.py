@@ -71,7 +71,7 @@ def stage(workspace: Path, scratch: Path) -> Staged | None:
     target = workspace / ".git"
     try:
         if os.path.lexists(target):
-            if target.is_symlink() or not target.is_dir() or any(os.scandir(target)):
+            if target.is_symlink() or not target.is_dir() or not _empty(target):
                 return None
         else:
             os.mkdir(target, 0o755)
@@ -150,7 +150,9 @@ def _remove(path: Path) -> None:
 def sanitize(gitdir: Path, dropped: list[str], prefix: str = "", depth: int = 0) -> None:
     """Make ``gitdir`` a git directory whose use by host git runs nothing the sandbox
     chose (see the module docstring); append what was dropped to ``dropped``."""
-    for entry in list(os.scandir(gitdir)):
+    with os.scandir(gitdir) as listing:
+        top = list(listing)
+    for entry in top:
         if entry.is_symlink():
             dropped.append(f"{prefix}{entry.name} (a symlink)")
             os.unlink(entry.path)
@@ -170,7 +172,9 @@ def sanitize(gitdir: Path, dropped: list[str], prefix: str = "", depth: int = 0)
         _write_config(config, kept)
     hooks = gitdir / "hooks"
     if hooks.is_dir():
-        for entry in list(os.scandir(hooks)):
+        with os.scandir(hooks) as listing:
+            hook_entries = list(listing)
+        for entry in hook_entries:
             if not (entry.name.endswith(".sample") and entry.is_file(follow_symlinks=False)):
                 dropped.append(f"{prefix}hooks/{entry.name}")
                 _remove(Path(entry.path))
@@ -185,7 +189,9 @@ def _git_dirs(modules: Path) -> list[Path]:
     stack = [modules]
     while stack:
         directory = stack.pop()
-        for entry in os.scandir(directory):
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+        for entry in entries:
             if not entry.is_dir(follow_symlinks=False):
                 continue
             sub = Path(entry.path)
@@ -200,32 +206,35 @@ def adopt(staged: Staged) -> tuple[bool, list[str]]:
     """Sanitize what the run made in ``staged.inner`` and move it into the workspace's
     ``.git``. Returns (adopted, dropped): nothing is adopted when the run made nothing,
     or when the workspace's ``.git`` is no longer empty (another run adopted first)."""
-    try:
-        made = list(os.scandir(staged.inner))
-    except OSError:
-        return False, []
-    if not made:
+    if not made_any(staged):
         return False, []
     dropped: list[str] = []
     sanitize(staged.inner, dropped)
     target = staged.target
     try:
-        if target.is_symlink() or not target.is_dir() or any(os.scandir(target)):
+        if target.is_symlink() or not target.is_dir() or not _empty(target):
             return False, dropped
     except OSError:
         return False, dropped
-    for entry in os.scandir(staged.inner):
-        shutil.move(entry.path, target / entry.name)
+    with os.scandir(staged.inner) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        shutil.move(str(staged.inner / name), target / name)
     return True, dropped
 
 
 def made_any(staged: Staged) -> bool:
     """Whether the run left anything in its staged directory."""
     try:
-        with os.scandir(staged.inner) as entries:
-            return next(entries, None) is not None
+        return not _empty(staged.inner)
     except OSError:
         return False
+
+
+def _empty(path: Path) -> bool:
+    """Whether the directory ``path`` holds nothing (OSError when it cannot be read)."""
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def keep_aside(staged: Staged, run_id: str) -> Path | None:
