@@ -371,15 +371,13 @@ def _execute(
             "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
         )
 
-    # The proxy is needed when the egress layer is on and the policy allows anything;
-    # with nothing allowed the sandbox simply has an empty network namespace.
-    # An approver or live grants need it too, even with an empty allow-list: the proxy is
-    # where an off-list connection waits for its answer.
+    # The proxy runs whenever the egress layer is on, even with nothing allowed: its
+    # resolver and capture listeners answer (and refuse) every attempt, so that each one
+    # is a decision in the audit log (a dns_query or net_connect deny) rather than a
+    # silent "could not resolve host" in an empty namespace. An approver or live grants
+    # need it too: the proxy is where an off-list connection waits for its answer.
     approval = request.approval
-    needs_proxy = layers.egress and (
-        bool(policy.network.allow or policy.network.hosts)
-        or (approval is not None and approval.active)
-    )
+    needs_proxy = layers.egress
     # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
     # The gVisor entry always speaks the handshake (it makes the namespaces, then waits).
     handshake = not landlock and (support is not None or needs_proxy or runsc is not None)
