@@ -1036,7 +1036,46 @@ def _spawn(
         request.timeout = timeout
     _pty.check_passed(pass_fds)
     console = sandbox if sandbox is not None and sandbox.console is not None else None
-    with _pty.relay(terminal, *_stdio(request)) as relay:
+    stdin, stdout, stderr = _stdio(request)
+    with contextlib.ExitStack() as files:
+        if sandbox is not None and console is None:
+            # gVisor writes a regular file from an offset of its own: stockade writes the
+            # command's output there itself, at the caller's offset (_gvisor.file_relays).
+            from stockade.runtime._gvisor import file_relays
+
+            stdout, stderr = files.enter_context(file_relays(stdout, stderr))
+        return _spawn_relayed(
+            argv,
+            env,
+            cwd,
+            request,
+            timeout,
+            depth,
+            terminal,
+            pass_fds,
+            start,
+            on_started,
+            console,
+            (stdin, stdout, stderr),
+        )
+
+
+def _spawn_relayed(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    request: RunRequest,
+    timeout: float | None,
+    depth: int,
+    terminal: _pty.Choice,
+    pass_fds: tuple[int, ...],
+    start: _Start | None,
+    on_started: Callable[[], None],
+    console: Any,
+    stdio: tuple[int | IO[Any] | None, int | IO[Any] | None, int | IO[Any] | None],
+) -> tuple[int, bool, bytes | None, bytes | None]:
+    """The body of :func:`_spawn` once the stdio targets are chosen."""
+    with _pty.relay(terminal, *stdio) as relay:
         proc = _popen(argv, env, cwd, *relay.stdio, pass_fds)
         relay.handed()
         paused = start.paused if start is not None else None
