@@ -104,10 +104,10 @@ def test_explicit_file_and_missing_file(state: Path, tmp_path: Path) -> None:
     one = next((state / "stockade" / "runs").glob("*aaaa*"))
     assert len(log(state, "--file", str(one)).stdout.splitlines()) == 5
     missing = log(state, "--file", str(tmp_path / "nope.jsonl"))
-    assert missing.returncode == 1
+    assert missing.returncode == 125
     assert "no such audit file" in missing.stderr
     empty = log(tmp_path / "empty-state")
-    assert empty.returncode == 1
+    assert empty.returncode == 125
     assert "no audit logs yet" in empty.stderr
 
 
@@ -256,7 +256,7 @@ def test_verify_every_default_log_and_garbage(state: Path, tmp_path: Path) -> No
 def test_verify_does_not_combine_with_event_filters(state: Path) -> None:
     for option in ("--follow", "--denials", "--json"):
         result = log(state, "--verify", option)
-        assert result.returncode == 2
+        assert result.returncode == 125
         assert result.stderr.strip() == (
             f"stockade log: --verify checks whole files; {option} does not combine with it"
         )

@@ -142,7 +142,7 @@ def test_unknown_choice_is_an_argparse_error(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         run([str(policy), "--target", "podman"], capsys)
-    assert exc.value.code == 2
+    assert exc.value.code == 125
     assert "--target" in capsys.readouterr().err
 
 
@@ -151,7 +151,7 @@ def test_output_and_dir_exclude_each_other(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         run([str(policy), "-o", str(tmp_path / "a"), "--dir", str(tmp_path / "b")], capsys)
-    assert exc.value.code == 2
+    assert exc.value.code == 125
 
 
 def test_unwritable_output(

@@ -398,9 +398,13 @@ def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
 # ---------------------------------------------------------------------------------------
 # The egress layer off: the host's network, as under bubblewrap (--share-net). The gVisor
 # entry then makes only the user namespace, and runsc --network=host is the caller's
-# network; with egress on, the same direct connection meets an empty namespace.
+# network; with egress on, the same direct connection (past the proxy variables, which
+# the egress layer sets even with nothing allowed) meets an empty namespace.
 
-_DIRECT = 'curl -sS -m 5 -o /dev/null -w "%{http_code}\\n" http://127.0.0.1:{port}/ || true'
+_DIRECT = (
+    "curl -sS -m 5 --noproxy '*' -o /dev/null -w \"%{http_code}\\n\" "
+    "http://127.0.0.1:{port}/ || true"
+)
 
 
 def _direct_pair(run: Any, port: int) -> tuple[subprocess.CompletedProcess[str], ...]:

@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from stockade._exceptions import SandboxError
+from stockade._exceptions import EXIT_STOCKADE_ERROR, SandboxError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,14 +122,14 @@ def execute(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         print(f"stockade gateway: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     namespace = None if args.all_namespaces else (args.namespace or _own_namespace())
     if namespace is None and not args.all_namespaces:
         print(
             "stockade gateway: name the pods to serve: --namespace NS or --all-namespaces",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     config = GatewayConfig(
         policies=args.policies,
         default_policy=args.default_policy,

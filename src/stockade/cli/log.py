@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
+
 Event = dict[str, Any]
 
 #: How often --follow looks for new lines and new files.
@@ -261,7 +263,7 @@ def _verify(args: argparse.Namespace) -> int:
                 f"stockade log: --verify checks whole files; --{name} does not combine with it",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_STOCKADE_ERROR
     from stockade.audit._record import load_records, records_dir
     from stockade.audit._verify import authorship, verify_file
 
@@ -269,7 +271,7 @@ def _verify(args: argparse.Namespace) -> int:
     files += _audit_files(args) if args.file or not files else []
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     records = load_records()
     failed = unrecorded = 0
     for path in files:
@@ -317,7 +319,7 @@ def _printable(text: str) -> str:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Print the matching events; 0 on success (also when none match), 1 when no log exists.
+    """Print the matching events; 0 on success (also when none match), 125 when no log exists.
 
     With ``--verify``: 0 when every run of every log verifies and ends where its run
     record says, 1 when one does not, :data:`EXIT_UNRECORDED` when every chain holds
@@ -328,7 +330,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.follow:
         if args.denials:
             print("stockade log: --follow and --denials do not combine", file=sys.stderr)
-            return 2
+            return EXIT_STOCKADE_ERROR
         try:
             _follow(args)
         except KeyboardInterrupt:
@@ -338,10 +340,10 @@ def execute(args: argparse.Namespace) -> int:
     missing = [p for p in files if not p.is_file()]
     if missing:
         print(f"stockade log: {missing[0]}: no such audit file", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     events = (e for e in _read(files) if _matches(e, args))
     if args.denials:
         _denial_summary(events, args.json)

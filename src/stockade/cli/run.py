@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
 from stockade.policy import LAYERS
 from stockade.policy._model import BACKEND_CHOICES
 
@@ -268,20 +269,20 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             "stockade run: no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
         print(
             f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     if args.srt_settings is not None:
         if args.policy is not None:
             print(
                 "stockade run: --policy and --srt-settings name two policies; give one",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_STOCKADE_ERROR
         from stockade.policy._load import add_allowed_hosts
         from stockade.policy._srt import policy_from_srt
 
@@ -309,7 +310,7 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         )
     approval, channel = _approval(args, policy, command)
     if approval is False:
-        return 2
+        return EXIT_STOCKADE_ERROR
     for warning in policy.warnings:
         print(f"stockade: warning: {warning}", file=sys.stderr)
     result = run(
