@@ -51,6 +51,19 @@ def default_audit_dir() -> Path:
     return _roots.state_dir() / "runs"
 
 
+def require_state_dir(path: Path, what: str, *, audit_option: bool = False) -> None:
+    """Make stockade's state directory ``path`` (where it keeps ``what``), or raise a
+    :class:`SandboxError` that names it and the fix (``XDG_STATE_HOME``)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        either = " (or pass --audit FILE)" if audit_option else ""
+        raise SandboxError(
+            f"cannot create {path}, where stockade keeps {what}: {exc.strerror}; set "
+            f"XDG_STATE_HOME to a writable directory{either}"
+        ) from None
+
+
 @record(frozen=False)
 class RunRequest:
     """What to run and how; the policy is already loaded and validated."""
@@ -292,7 +305,14 @@ def execute(request: RunRequest) -> RunResult:
     _refuse_writable_tools(policy, bwrap, runsc.path if runsc is not None else None)
     run_id = os.urandom(6).hex()  # uuid would cost ~10 ms of imports per run
     audit_path = request.audit_path
-    if audit_path is None and request.audit_to_file:
+    default_audit = audit_path is None and request.audit_to_file
+    # Checked before the audit log opens: a run refused here has nothing to record, and
+    # a read-only HOME gets a message that names the directory and the fix.
+    if default_audit:
+        require_state_dir(default_audit_dir(), "its audit logs", audit_option=True)
+    elif policy.layers.container:
+        require_state_dir(default_audit_dir().parent, "the workspaces' placeholder registry")
+    if default_audit:
         audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
     if audit_path is not None:
         _audit_guard.refuse_reachable(audit_path, policy, explicit=request.audit_path is not None)
