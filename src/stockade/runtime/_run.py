@@ -601,11 +601,14 @@ def _execute(
                     reason="command-not-found",
                     end=True,
                 )
-                print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
+                message = f"stockade: {request.argv[0]}: command not found\n"
+                not_found_err = _report_not_found(request, message)
                 return RunResult(
                     list(request.argv),
                     EXIT_NOT_FOUND,
                     audit.run_id,
+                    stdout=b"" if request.capture_output else None,
+                    stderr=not_found_err,
                     events=audit.events,
                     audit_path=audit.path,
                     duration=time.monotonic() - started,
@@ -1022,6 +1025,28 @@ def _trust_paths(
             continue
         out.append(path)
     return tuple(out)
+
+
+def _report_not_found(request: RunRequest, message: str) -> bytes | None:
+    """Say "command not found" where the command's stderr would have gone: into the
+    captured output (an API or MCP caller reads it there, not in the server's log), the
+    caller's stderr target, or stockade's own stderr; the captured bytes, if captured."""
+    target = request.stderr
+    if request.capture_output or target == subprocess.PIPE:
+        return message.encode()
+    if target == subprocess.DEVNULL:
+        return None
+    try:
+        if target is not None:
+            if not isinstance(target, int):
+                target.flush()
+                target = target.fileno()
+            os.write(target, message.encode())
+            return None
+    except (OSError, ValueError, AttributeError):
+        pass
+    sys.stderr.write(message)
+    return None
 
 
 def _wall_timeout(request: RunRequest) -> float | None:
