@@ -20,6 +20,8 @@ CASES = {
     "run-policy-and-srt": ("run", "--policy", "a.toml", "--srt-settings", "b.json", "--", "true"),
     "run-control-fd-closed": ("run", "--control-fd", "99", "--", "true"),
     "run-bad-backend": ("run", "--backend", "qemu", "--", "true"),
+    "run-ask-never-and-control-fd": ("run", "--ask", "never", "--control-fd", "5", "--", "true"),
+    "run-ask-tty-and-control-fd": ("run", "--ask", "tty", "--control-fd", "5", "--", "true"),
     "init-no-workspace": ("init", "--workspace", "/nonexistent/ws"),
     "proxy-listen-port-only": ("proxy", "--listen", "3128"),
     "log-no-such-file": ("log", "--file", "/nonexistent/x.jsonl"),

@@ -186,6 +186,14 @@ def _approval(
 ) -> tuple[Any, Any]:
     """The run's approval broker and control channel, from ``--ask``; (False, None) after
     a usage error was printed; (None, None) when nobody is asked (no broker needed)."""
+    if args.control_fd is not None and args.ask in ("never", "tty"):
+        # Two answers to "who is asked": refuse rather than pick one silently.
+        print(
+            f"stockade run: --ask {args.ask} and --control-fd name two ways of asking; "
+            "give --control-fd alone (or with --ask control), or drop it",
+            file=sys.stderr,
+        )
+        return False, None
     mode = "control" if args.control_fd is not None else args.ask
     if args.ask_timeout is not None and not 0 < args.ask_timeout < float("inf"):
         print(
