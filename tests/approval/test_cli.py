@@ -270,3 +270,53 @@ def test_eof_on_the_control_channel_denies(world: World, ok_server: int) -> None
     f.close()
     out, _ = proc.communicate(timeout=60)
     assert b"REFUSED" in out
+
+
+def test_prompt_offers_only_what_it_accepts_and_says_the_scope(
+    world: World, ok_server: int
+) -> None:
+    # Issue 24 item 9: with --policy "always" cannot be stored, so it is neither offered
+    # nor named in the retry line; the long command is cut with an ellipsis; the answer
+    # says which scope was granted.
+    long_arg = "x" * 80
+    p = Pty(
+        world,
+        "--policy",
+        str(setup(world)),
+        "--",
+        "sh",
+        "-c",
+        f"curl -sS -m 60 http://a.test:{ok_server}/; echo; echo END",
+        long_arg,
+    )
+    assert p.read_until(PROMPT), p.out[-2000:]
+    prompt = p.out.decode(errors="replace")
+    assert "[a]" not in prompt
+    assert "...)" in prompt and long_arg not in prompt
+    p.idle(1.0)  # past the prompt's settle time: earlier keys are flushed as type-ahead
+    p.type(b"a\r")
+    assert p.read_until(b"type r, s, d or D, then Enter: ", 10), p.out[-2000:]
+    p.type(b"s\r")
+    assert p.read_until(b"END"), p.out[-2000:]
+    assert p.wait() == 0
+    assert b"stockade: allowed for this session" in p.out
+
+
+def test_one_refusal_on_the_terminal_is_counted_once(world: World, ok_server: int) -> None:
+    p = Pty(
+        world,
+        "--policy",
+        str(setup(world)),
+        "--",
+        "sh",
+        "-c",
+        f"curl -sS -m 60 http://a.test:{ok_server}/ || echo REFUSED; echo END",
+    )
+    assert p.read_until(PROMPT), p.out[-2000:]
+    p.idle(1.0)
+    p.type(b"d\r")
+    assert p.read_until(b"END"), p.out[-2000:]
+    assert p.wait() == 0
+    assert b"stockade: denied\r\n" in p.out
+    # The answer and the connection it refused are one denial, not two.
+    assert b"stockade: denied 1: 1 egress user-denied (GET a.test:" in p.out, p.out[-2000:]
