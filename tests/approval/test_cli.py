@@ -292,7 +292,8 @@ def test_prompt_offers_only_what_it_accepts_and_says_the_scope(
     assert p.read_until(PROMPT), p.out[-2000:]
     prompt = p.out.decode(errors="replace")
     assert "[a]" not in prompt
-    assert "...)" in prompt and long_arg not in prompt
+    assert "...)" in prompt
+    assert long_arg not in prompt
     p.idle(1.0)  # past the prompt's settle time: earlier keys are flushed as type-ahead
     p.type(b"a\r")
     assert p.read_until(b"type r, s, d or D, then Enter: ", 10), p.out[-2000:]
