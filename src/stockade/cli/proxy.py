@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST",
-        help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional :port)",
+        help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional "
+        ":port); repeat for more hosts",
     )
     parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file ([network])")
     parser.add_argument(
