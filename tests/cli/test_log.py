@@ -271,3 +271,20 @@ def test_a_line_says_what_the_resolver_and_capture_decided() -> None:
     assert format_event(captured).endswith("web.test:443 (captured)")
     proxied = {"event": "net_connect", "host": "web.test", "port": 443}
     assert format_event(proxied).endswith("web.test:443")
+
+
+def test_a_file_without_events_is_an_error(state: Path, tmp_path: Path) -> None:
+    # Issue 24 (polish): a garbage file printed nothing and exited 0.
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n{also not\n")
+    result = log(state, "--file", str(garbage))
+    assert result.returncode == 125
+    assert f"{garbage}: no audit events in it" in result.stderr
+    # The twin: a real log beside it is still shown, and an empty file is no error.
+    one = next((state / "stockade" / "runs").glob("*aaaa*"))
+    both = log(state, "--file", str(one), "--file", str(garbage))
+    assert both.returncode == 125
+    assert len(both.stdout.splitlines()) == 5
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert log(state, "--file", str(empty)).returncode == 0

@@ -171,16 +171,30 @@ def _emit(event: Event, as_json: bool) -> None:
         print(format_event(event), flush=True)
 
 
-def _read(files: Iterable[Path]) -> Iterator[Event]:
+def _read(files: Iterable[Path], unreadable: list[Path] | None = None) -> Iterator[Event]:
+    """The events of ``files``; a file that cannot be read, or that has text but not one
+    event (not an audit log), is reported on stderr and added to ``unreadable``."""
     for path in files:
+        found = text = False
         try:
             with path.open(encoding="utf-8", errors="replace") as fh:
                 for line in fh:
+                    text = text or bool(line.strip())
                     event = _parse(line)
                     if event is not None:
+                        found = True
                         yield event
         except OSError as exc:
             print(f"stockade log: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            if unreadable is not None:
+                unreadable.append(path)
+            continue
+        if text and not found:
+            print(
+                f"stockade log: {path}: no audit events in it (not an audit log)", file=sys.stderr
+            )
+            if unreadable is not None:
+                unreadable.append(path)
 
 
 def _denial_summary(events: Iterable[Event], as_json: bool) -> None:
@@ -344,10 +358,12 @@ def execute(args: argparse.Namespace) -> int:
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
         return EXIT_STOCKADE_ERROR
-    events = (e for e in _read(files) if _matches(e, args))
+    unreadable: list[Path] = []
+    events = (e for e in _read(files, unreadable) if _matches(e, args))
     if args.denials:
         _denial_summary(events, args.json)
-        return 0
-    for event in events:
-        _emit(event, args.json)
-    return 0
+    else:
+        for event in events:
+            _emit(event, args.json)
+    # The events of the readable files are shown; a file that gave none is an error.
+    return EXIT_STOCKADE_ERROR if unreadable else 0
