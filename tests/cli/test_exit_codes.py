@@ -29,6 +29,7 @@ CASES = {
     "approvals-revoke-nothing": ("approvals", "revoke"),
     "gateway-serve-bad-identity": ("gateway", "serve", "--identity", "nobody-knows"),
     "check-unknown-option": ("check", "--frobnicate"),
+    "check-two-policies": ("check", "a.toml", "--policy", "b.toml"),
 }
 
 
@@ -53,3 +54,14 @@ def test_init_over_an_existing_file_exits_125(world: World) -> None:
 def test_the_commands_own_codes_pass_through(world: World, code: int) -> None:
     proc = world.stockade("run", "--", "sh", "-c", f"exit {code}")
     assert proc.returncode == code, proc.stderr
+
+
+def test_check_takes_policy_as_run_does(world: World) -> None:
+    # One convention: --policy FILE everywhere; the positional FILE is still accepted.
+    policy = world.root / "p.toml"
+    policy.write_text('version = 1\n[network]\nallow = ["a.test"]\n')
+    old = world.stockade("check", str(policy))
+    new = world.stockade("check", "--policy", str(policy))
+    assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+    assert new.stdout == old.stdout
+    assert "a.test" in new.stdout
