@@ -65,3 +65,17 @@ def test_check_takes_policy_as_run_does(world: World) -> None:
     assert old.returncode == new.returncode == 0, old.stderr + new.stderr
     assert new.stdout == old.stdout
     assert "a.test" in new.stdout
+
+
+def test_check_shows_the_request_rules(world: World) -> None:
+    # Issue 24 (polish): the human output left out network.rules (the JSON had them).
+    policy = world.root / "rules.toml"
+    policy.write_text(
+        'version = 1\n[network]\nallow = ["reg.test"]\n'
+        '[[network.rules]]\nhost = "reg.test"\nmethods = ["GET"]\npaths = ["/pkg/**"]\n'
+        '[[network.rules]]\nhost = "reg.test"\naction = "deny"\n'
+    )
+    proc = world.stockade("check", "--policy", str(policy))
+    assert proc.returncode == 0, proc.stderr
+    assert "network.rules[0]: allow GET reg.test /pkg/**" in proc.stdout
+    assert "network.rules[1]: deny any method reg.test /**" in proc.stdout

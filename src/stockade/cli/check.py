@@ -79,6 +79,13 @@ def execute(args: argparse.Namespace) -> int:
         print(f"  deny      {h}")
     for name, addr in net.hosts.items():
         print(f"  pin       {name} -> {addr}")
+    for rule in net.rules:
+        # The request rules decide inspected requests: the human view shows them as the
+        # JSON view does, in file order (the first match wins).
+        methods = ",".join(rule.methods) if rule.methods else "any method"
+        print(
+            f"  rule      {rule.name}: {rule.action} {methods} {rule.host} {' '.join(rule.paths)}"
+        )
     env = policy.env
     if env.pass_:
         print(
