@@ -288,3 +288,27 @@ def test_a_file_without_events_is_an_error(state: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert log(state, "--file", str(empty)).returncode == 0
+
+
+def test_pending_filter_and_aligned_columns(tmp_path: Path) -> None:
+    # Issue 24 (polish): --verdict pending was refused, and net_request/policy_change
+    # pushed their rows' columns out of line.
+    runs = tmp_path / "state" / "stockade" / "runs"
+    a = AuditLog("cccc55556666", runs / "20260101T000002-cccc55556666.jsonl")
+    a.emit("run_start", argv=["curl"])
+    a.emit("ask", layer="egress", verdict="pending", reason="host-not-allowed", host="a.test")
+    a.decision("net_request", Decision.allow("egress"), host="a.test", port=443)
+    a.decision("net_connect", Decision.allow("egress"), host="a.test", port=443)
+    a.emit("policy_change", layer="egress", verdict="allow", reason="allowed", generation=2)
+    a.emit("run_end", returncode=0, end=True)
+    a.close()
+    state = tmp_path / "state"
+    pending = log(state, "--verdict", "pending")
+    assert pending.returncode == 0, pending.stderr
+    (line,) = pending.stdout.splitlines()
+    assert " ask " in line
+    assert "a.test" in line
+    # The layer column starts at one offset on every row.
+    rows = [r for r in log(state).stdout.splitlines() if " egress " in r]
+    assert len(rows) == 4
+    assert len({r.index(" egress ") for r in rows}) == 1, rows

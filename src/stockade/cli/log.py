@@ -38,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read this audit file (repeatable; default: every file under the state directory)",
     )
     parser.add_argument("--run", metavar="ID", help="only the run whose id starts with ID")
-    parser.add_argument("--verdict", choices=("allow", "deny", "report"), help="only this verdict")
+    parser.add_argument(
+        "--verdict",
+        choices=("allow", "deny", "report", "pending"),
+        help="only this verdict (pending: an ask waiting for its answer)",
+    )
     parser.add_argument(
         "--layer", metavar="L", help="only events of this layer (files, egress, ...)"
     )
@@ -151,7 +155,8 @@ def format_event(event: Event) -> str:
         str(event.get("reason") or "-"),
     ]
     when, run, kind, layer, verdict, reason = fields
-    text = f"{when}  {run:<12}  {kind:<10} {layer:<9} {verdict:<6} {reason:<18} {target}".rstrip()
+    # Columns as wide as the longest event name (policy_change) and verdict (pending).
+    text = f"{when}  {run:<12}  {kind:<13} {layer:<9} {verdict:<7} {reason:<18} {target}".rstrip()
     # A target comes from the sandbox (paths, host names): keep one event on one line.
     return "".join(c if c.isprintable() else "?" for c in text)
 
