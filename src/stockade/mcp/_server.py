@@ -128,11 +128,12 @@ def _result(completed: CompletedRun) -> dict[str, Any]:
         "truncated": cut_out or cut_err,
         # A withheld credential is no denial of the command's, but the agent needs
         # to hear of it: its hint says to ask the user, never to work around it. A
-        # denying answer is left out: the connections it refused are listed themselves.
+        # denying answer is left out: the connections it refused are listed themselves;
+        # so is a revoke (a policy_change), which is the user's change, not a refusal.
         "denials": [
             explain_denial(e)
             for e in completed.events
-            if (e.get("verdict") == "deny" and e.get("event") != "answer")
+            if (e.get("verdict") == "deny" and e.get("event") not in ("answer", "policy_change"))
             or e.get("event") == "env_dropped"
         ],
         "run_id": completed.run_id,
