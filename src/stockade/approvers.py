@@ -91,6 +91,10 @@ class Scripted:
         return self.default
 
 
+#: how much of the command the prompt shows (the rest is cut, with an ellipsis)
+_ARGV_SHOWN = 60
+
+
 def tty(device: str | None = None, *, settle: float = SETTLE_S) -> Tty:
     """Ask on the terminal, as ``stockade run --ask tty`` does.
 
@@ -152,7 +156,9 @@ class Tty:
             tty_.setraw(fd, termios.TCSANOW)
             # Type-ahead was meant for the command: it never answers a prompt.
             termios.tcflush(fd, termios.TCIFLUSH)
-            argv = " ".join(request.argv)[:60]
+            argv = " ".join(request.argv)
+            if len(argv) > _ARGV_SHOWN:
+                argv = argv[: _ARGV_SHOWN - 3] + "..."  # cut, and visibly so
             always = f"   [a] always (-> {_safe(request.always_to)})" if request.always_to else ""
             lines = [
                 "",
@@ -177,7 +183,14 @@ class Tty:
             "D": Answer.deny("denied on the terminal; no more asks this run", stop=True),
         }
         answer = answers[choice]
-        os.write(fd, f"\r\n  stockade: {'allowed' if answer.allowed else 'denied'}\r\n".encode())
+        said = {
+            "r": "allowed for this command",
+            "s": "allowed for this session",
+            "a": f"allowed always (saved to {_safe(request.always_to or '')})",
+            "d": "denied",
+            "D": "denied; nothing more is asked this run",
+        }[choice]
+        os.write(fd, f"\r\n  stockade: {said}\r\n".encode())
         return answer
 
     def _read_choice(self, fd: int, deadline: float, always: bool) -> str:
@@ -206,7 +219,8 @@ class Tty:
                     elif line in valid:
                         return line
                     else:
-                        os.write(fd, b"\r\n  type r, s, d or D (a: always), then Enter: ")
+                        keys = "r, s, a, d or D" if always else "r, s, d or D"
+                        os.write(fd, f"\r\n  type {keys}, then Enter: ".encode())
                     line = ""
                     continue
                 if confirming:

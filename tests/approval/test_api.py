@@ -347,3 +347,31 @@ def test_the_sandbox_holds_no_descriptor_of_the_approver(world: World, ok_server
     )
     assert ok.stdout == "ok"
     assert subprocess.run(["true"]).returncode == 0
+
+
+DIRECT = (
+    "import socket, sys\n"
+    "port = int(sys.argv[1])\n"
+    "try:\n"
+    "    with socket.create_connection(('b.test', port), timeout=10) as s:\n"
+    "        s.sendall(b'GET / HTTP/1.0\\r\\nHost: b.test\\r\\n\\r\\n')\n"
+    "        print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
+    "except OSError as exc:\n"
+    "    print(type(exc).__name__)\n"
+)
+
+
+def test_a_grant_made_before_the_run_is_captured(world: World, ok_server: int) -> None:
+    """Issue 24 item 11: a port granted before the sandbox's network namespace existed
+    gets its capture listener, so a client that ignores the proxy variables reaches it."""
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        before = sb.run(
+            ["python3", "-c", DIRECT, str(ok_server)], capture_output=True, text=True, timeout=60
+        )
+        # The twin: not granted yet, the same direct connection finds nothing to accept it.
+        assert before.stdout.strip() == "ConnectionRefusedError", before.stderr
+        sb.allow(f"b.test:{ok_server}")
+        after = sb.run(
+            ["python3", "-c", DIRECT, str(ok_server)], capture_output=True, text=True, timeout=60
+        )
+        assert after.stdout.strip() == "HTTP/1.0 200 OK", after.stderr

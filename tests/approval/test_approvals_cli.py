@@ -37,7 +37,7 @@ def test_list_and_revoke(tmp_path: Path) -> None:
     assert revoked.returncode == 0
     assert "revoked api.example.test:443" in revoked.stdout
     assert cli(tmp_path, "revoke", "api.example.test").returncode == 1
-    assert cli(tmp_path, "revoke").returncode == 2
+    assert cli(tmp_path, "revoke").returncode == 125
     assert "api.example.test" not in cli(tmp_path, "list").stdout
 
 

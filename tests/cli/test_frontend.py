@@ -64,7 +64,7 @@ def test_install_frontend_action(tmp_path: Path) -> None:
         )
 
     missing = action("--bin-dir", str(tmp_path / "missing"))
-    assert missing.returncode == 1
+    assert missing.returncode == 125
     assert "cannot install the front end in" in missing.stderr
     done = action("--bin-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr

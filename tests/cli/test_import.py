@@ -43,7 +43,7 @@ def test_import_writes_file_and_refuses_to_overwrite(tmp_path: Path) -> None:
     assert '"pypi.org"' in out.read_text()
     out.write_text("# mine\n")
     second = stockade("import", "srt", str(src), "-o", str(out), cwd=tmp_path)
-    assert second.returncode == 1
+    assert second.returncode == 125
     assert "--force" in second.stderr
     assert out.read_text() == "# mine\n"
     third = stockade("import", "srt", str(src), "-o", str(out), "--force", cwd=tmp_path)

@@ -66,7 +66,7 @@ def test_writes_once_then_needs_force(tmp_path: Path) -> None:
     assert tomllib.loads(target.read_text())["presets"]["use"] == ["node"]
     target.write_text("# my own\n")
     second = init(tmp_path)
-    assert second.returncode == 1
+    assert second.returncode == 125
     assert "--force" in second.stderr
     assert target.read_text() == "# my own\n"
     assert init(tmp_path, "--force").returncode == 0

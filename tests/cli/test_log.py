@@ -104,10 +104,10 @@ def test_explicit_file_and_missing_file(state: Path, tmp_path: Path) -> None:
     one = next((state / "stockade" / "runs").glob("*aaaa*"))
     assert len(log(state, "--file", str(one)).stdout.splitlines()) == 5
     missing = log(state, "--file", str(tmp_path / "nope.jsonl"))
-    assert missing.returncode == 1
+    assert missing.returncode == 125
     assert "no such audit file" in missing.stderr
     empty = log(tmp_path / "empty-state")
-    assert empty.returncode == 1
+    assert empty.returncode == 125
     assert "no audit logs yet" in empty.stderr
 
 
@@ -256,7 +256,7 @@ def test_verify_every_default_log_and_garbage(state: Path, tmp_path: Path) -> No
 def test_verify_does_not_combine_with_event_filters(state: Path) -> None:
     for option in ("--follow", "--denials", "--json"):
         result = log(state, "--verify", option)
-        assert result.returncode == 2
+        assert result.returncode == 125
         assert result.stderr.strip() == (
             f"stockade log: --verify checks whole files; {option} does not combine with it"
         )
@@ -271,3 +271,44 @@ def test_a_line_says_what_the_resolver_and_capture_decided() -> None:
     assert format_event(captured).endswith("web.test:443 (captured)")
     proxied = {"event": "net_connect", "host": "web.test", "port": 443}
     assert format_event(proxied).endswith("web.test:443")
+
+
+def test_a_file_without_events_is_an_error(state: Path, tmp_path: Path) -> None:
+    # Issue 24 (polish): a garbage file printed nothing and exited 0.
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n{also not\n")
+    result = log(state, "--file", str(garbage))
+    assert result.returncode == 125
+    assert f"{garbage}: no audit events in it" in result.stderr
+    # The twin: a real log beside it is still shown, and an empty file is no error.
+    one = next((state / "stockade" / "runs").glob("*aaaa*"))
+    both = log(state, "--file", str(one), "--file", str(garbage))
+    assert both.returncode == 125
+    assert len(both.stdout.splitlines()) == 5
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert log(state, "--file", str(empty)).returncode == 0
+
+
+def test_pending_filter_and_aligned_columns(tmp_path: Path) -> None:
+    # Issue 24 (polish): --verdict pending was refused, and net_request/policy_change
+    # pushed their rows' columns out of line.
+    runs = tmp_path / "state" / "stockade" / "runs"
+    a = AuditLog("cccc55556666", runs / "20260101T000002-cccc55556666.jsonl")
+    a.emit("run_start", argv=["curl"])
+    a.emit("ask", layer="egress", verdict="pending", reason="host-not-allowed", host="a.test")
+    a.decision("net_request", Decision.allow("egress"), host="a.test", port=443)
+    a.decision("net_connect", Decision.allow("egress"), host="a.test", port=443)
+    a.emit("policy_change", layer="egress", verdict="allow", reason="allowed", generation=2)
+    a.emit("run_end", returncode=0, end=True)
+    a.close()
+    state = tmp_path / "state"
+    pending = log(state, "--verdict", "pending")
+    assert pending.returncode == 0, pending.stderr
+    (line,) = pending.stdout.splitlines()
+    assert " ask " in line
+    assert "a.test" in line
+    # The layer column starts at one offset on every row.
+    rows = [r for r in log(state).stdout.splitlines() if " egress " in r]
+    assert len(rows) == 4
+    assert len({r.index(" egress ") for r in rows}) == 1, rows

@@ -142,7 +142,7 @@ def test_unknown_choice_is_an_argparse_error(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         run([str(policy), "--target", "podman"], capsys)
-    assert exc.value.code == 2
+    assert exc.value.code == 125
     assert "--target" in capsys.readouterr().err
 
 
@@ -151,7 +151,7 @@ def test_output_and_dir_exclude_each_other(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         run([str(policy), "-o", str(tmp_path / "a"), "--dir", str(tmp_path / "b")], capsys)
-    assert exc.value.code == 2
+    assert exc.value.code == 125
 
 
 def test_unwritable_output(
@@ -163,3 +163,25 @@ def test_unwritable_output(
     )
     assert code == 125
     assert "cannot write" in err
+
+
+def test_an_existing_output_needs_force(
+    policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As init and import: an existing file is not overwritten without --force (exit 125).
+    target = tmp_path / "out.yaml"
+    target.write_text("kept\n")
+    code, _, err = run([str(policy), "--namespace", "agents", "-o", str(target)], capsys)
+    assert code == 125
+    assert "pass --force" in err
+    assert target.read_text() == "kept\n"
+    directory = tmp_path / "manifests"
+    assert run([str(policy), "--namespace", "agents", "--dir", str(directory)], capsys)[0] == 0
+    code, _, err = run([str(policy), "--namespace", "agents", "--dir", str(directory)], capsys)
+    assert code == 125
+    assert "pass --force" in err
+    # The twin: with --force both are written.
+    args = [str(policy), "--namespace", "agents", "--force"]
+    assert run([*args, "-o", str(target)], capsys)[0] == 0
+    assert target.read_text() != "kept\n"
+    assert run([*args, "--dir", str(directory)], capsys)[0] == 0

@@ -1,9 +1,9 @@
 """Tier 2: every object validates against its schema, unknown fields rejected.
 
 Built-in kinds: ``kubernetes-validate`` in strict mode for three supported minor
-versions. agent-sandbox kinds: the ``openAPIV3Schema`` of v1beta1 in the CRDs kept in the
-steering repo's ``shared/k8s/agent-sandbox-crds/`` (CI lays ``shared/`` beside the
-checkout; ``STOCKADE_SHARED`` names another place), made strict the way the API server
+versions. agent-sandbox kinds: the ``openAPIV3Schema`` of v1beta1 in the CRDs kept in
+``tests/export/crds/`` (their version and licence are in the README there;
+``STOCKADE_CRDS`` names another copy), made strict the way the API server
 prunes: ``additionalProperties: false`` wherever ``properties`` is given without
 ``x-kubernetes-preserve-unknown-fields``.
 """
@@ -34,10 +34,10 @@ CRDS = {
 
 
 def crd_dir() -> Path:
-    here = Path(__file__).resolve().parents[2]
-    configured = os.environ.get("STOCKADE_SHARED")
-    base = Path(configured) if configured else here.parent / "shared"
-    return base / "k8s" / "agent-sandbox-crds"
+    """The CRDs kept in the project (tests/export/crds, README there: version, licence),
+    or the copy ``STOCKADE_CRDS`` names."""
+    configured = os.environ.get("STOCKADE_CRDS")
+    return Path(configured) if configured else Path(__file__).resolve().parent / "crds"
 
 
 def strict(schema: Any) -> Any:
@@ -71,7 +71,7 @@ def validate(obj: dict[str, Any]) -> None:
     if obj["apiVersion"].startswith(("agents.x-k8s.io/", "extensions.agents.x-k8s.io/")):
         require(
             crd_dir().is_dir(),
-            f"the agent-sandbox CRDs are not at {crd_dir()} (set STOCKADE_SHARED)",
+            f"the agent-sandbox CRDs are not at {crd_dir()} (set STOCKADE_CRDS)",
         )
         crd_validator(obj["kind"]).validate(obj)
         return
@@ -117,7 +117,7 @@ def test_a_misspelt_builtin_field_is_rejected() -> None:
 )
 def test_a_damaged_custom_resource_is_rejected(kind: str, damage: Any) -> None:
     require(
-        crd_dir().is_dir(), f"the agent-sandbox CRDs are not at {crd_dir()} (set STOCKADE_SHARED)"
+        crd_dir().is_dir(), f"the agent-sandbox CRDs are not at {crd_dir()} (set STOCKADE_CRDS)"
     )
     obj = next(o for o in build() if o["kind"] == kind)
     crd_validator(kind).validate(obj)  # the twin: as written, it passes

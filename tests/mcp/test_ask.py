@@ -256,6 +256,8 @@ def test_a_client_without_elicitation_gets_todays_denial(tmp_path: Path, ok_serv
             assert "does not support MCP elicitation" in text
             assert "nothing was granted" in text
             assert "ask the user to add a.test to network.allow" in text
+            # The file to edit is the one the server was started with (issue 24 item 10).
+            assert f"policy ({tmp_path / 'policy.toml'})" in text, text
 
     anyio.run(main)
     assert not [e for e in audit(tmp_path) if e["event"] in ("ask", "answer")]

@@ -225,3 +225,49 @@ def test_the_built_in_policy_reports_refused_network_attempts(tmp_path: Path) ->
         assert "ask the user" in denial["hint"]
 
     serve(tmp_path, body, env={"XDG_CONFIG_HOME": str(tmp_path / "no-config")})
+
+
+def test_server_version_and_command_not_found_in_the_result(tmp_path: Path) -> None:
+    # Issue 24 item 10: the version is the package's, and "command not found" is in the
+    # tool result's stderr (the model reads that), not only in the server's own stderr.
+    from stockade._version import __version__
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "stockade", "mcp", "--workspace", str(ws)],
+        env={"XDG_STATE_HOME": str(tmp_path / "state")},
+        cwd=str(ws),
+    )
+
+    async def main() -> None:
+        with anyio.fail_after(60):
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                init = await session.initialize()
+                assert init.server_info.version == __version__
+                out = structured(
+                    await session.call_tool("run_command", {"command": ["no-such-cmd-x"]})
+                )
+                assert out["exit_code"] == 127
+                assert "no-such-cmd-x: command not found" in out["stderr"]
+                # The twin: a command that exists has no such line.
+                out = structured(await session.call_tool("run_command", {"command": ["true"]}))
+                assert out["stderr"] == ""
+
+    anyio.run(main)
+
+
+def test_the_policy_file_named_in_hints(tmp_path: Path, monkeypatch: Any) -> None:
+    from stockade.mcp._server import policy_file
+    from stockade.policy import load_policy
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "conf"))
+    # No policy anywhere: where the user policy would be, under XDG_CONFIG_HOME.
+    built_in = load_policy(None, workspace=ws)
+    assert policy_file(built_in) == str(tmp_path / "conf" / "stockade" / "policy.toml")
+    given = tmp_path / "agent.toml"
+    given.write_text("version = 1\n")
+    assert policy_file(load_policy(given, workspace=ws)) == str(given)

@@ -175,3 +175,15 @@ def test_policy_from_srt_reads_a_file(tmp_path: Path) -> None:
         policy_from_srt(tmp_path / "bad.json", tmp_path)
     with pytest.raises(PolicyError, match="cannot read"):
         policy_from_srt(tmp_path / "missing.json", tmp_path)
+
+
+def test_strict_allowlist_true_becomes_network_strict(tmp_path: Path) -> None:
+    # Issue 24 item 8: srt refuses an unlisted host without asking; so must the import.
+    settings = {"network": {"allowedDomains": ["a.test"], "strictAllowlist": True}}
+    policy = srt_to_policy(settings, "srt.json", tmp_path)
+    assert policy.network.strict is True
+    text = srt_to_toml(settings, "srt.json", tmp_path)
+    assert "strict = true" in text
+    # The twin: false (or absent) keeps stockade's default, which may ask.
+    for network in ({"allowedDomains": ["a.test"], "strictAllowlist": False}, {}):
+        assert srt_to_policy({"network": network}, "srt.json", tmp_path).network.strict is False

@@ -89,5 +89,5 @@ def test_cli_probe_json_and_bad_layer(tmp_path) -> None:  # type: ignore[no-unty
         text=True,
         check=False,
     )
-    assert bad.returncode == 2
+    assert bad.returncode == 125
     assert "unknown layer 'firewall'" in bad.stderr

@@ -381,7 +381,7 @@ def test_no_seccomp_refuses(world: World, monkeypatch: pytest.MonkeyPatch) -> No
 def test_bad_cli_invocation(world: World, args: tuple[str, ...]) -> None:
     marker = world.workspace / "ran"
     proc = world.stockade(*args)
-    assert proc.returncode in (2, 125), (proc.returncode, proc.stderr)
+    assert proc.returncode == 125, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     assert "internal error" not in proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith(("usage:", " "))]
@@ -392,7 +392,7 @@ def test_bad_cli_invocation(world: World, args: tuple[str, ...]) -> None:
 
 def test_timeout_nan_is_refused(world: World) -> None:
     proc = world.stockade("run", "--timeout", "nan", "--", "true")
-    assert proc.returncode == 2
+    assert proc.returncode == 125
 
 
 # --- a placeholder cannot be made ---------------------------------------------------------

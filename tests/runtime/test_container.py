@@ -566,7 +566,7 @@ def test_srt_settings_run_directly(world: World) -> None:
     both = world.stockade(
         "run", "--srt-settings", str(settings), "--policy", "x.toml", "--", "true"
     )
-    assert both.returncode == 2
+    assert both.returncode == 125
     settings.write_text(json.dumps({"network": {"allowedDomains": [], "tlsTerminate": {}}}))
     bad = world.stockade("run", "--srt-settings", str(settings), "--", "true")
     assert bad.returncode == 125

@@ -398,9 +398,13 @@ def test_unprivileged_user_end_to_end(world: World, runsc: str) -> None:
 # ---------------------------------------------------------------------------------------
 # The egress layer off: the host's network, as under bubblewrap (--share-net). The gVisor
 # entry then makes only the user namespace, and runsc --network=host is the caller's
-# network; with egress on, the same direct connection meets an empty namespace.
+# network; with egress on, the same direct connection (past the proxy variables, which
+# the egress layer sets even with nothing allowed) meets an empty namespace.
 
-_DIRECT = 'curl -sS -m 5 -o /dev/null -w "%{http_code}\\n" http://127.0.0.1:{port}/ || true'
+_DIRECT = (
+    "curl -sS -m 5 --noproxy '*' -o /dev/null -w \"%{http_code}\\n\" "
+    "http://127.0.0.1:{port}/ || true"
+)
 
 
 def _direct_pair(run: Any, port: int) -> tuple[subprocess.CompletedProcess[str], ...]:
@@ -438,3 +442,46 @@ def test_a_sentry_panic_is_the_sandboxs_failure_not_the_commands_status() -> Non
     assert gvisor.start_failure(2, "123", "", panic) == "failed"
     assert gvisor.start_failure(2, "123", "", "") is None
     assert gvisor.start_failure(0, "123", "", "fatal error: out of memory\n") == "failed"
+
+
+def _stockade_script(world: World, where: Path) -> Path:
+    """An executable that runs this world's stockade command, for a shell to call."""
+    import shlex
+
+    script = where / "stockade-cmd"
+    script.write_text(f'#!/bin/sh\nexec {shlex.join(world.command)} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _shell(world: World, script: str) -> None:
+    subprocess.run(
+        ["sh", "-c", script], cwd=world.workspace, env=world.env, check=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("backend", ["gvisor", "bubblewrap"])
+def test_output_to_a_file_lands_at_the_callers_offset(
+    gworld: World, tmp_path: Path, backend: str
+) -> None:
+    # Issue 24 item 4: runsc hands the Sentry the file, and gVisor wrote it from offset 0
+    # (the second run overwrote the first, and "before" was lost). bubblewrap is the twin.
+    run = f"{_stockade_script(gworld, tmp_path)} run --backend {backend} --"
+    out = tmp_path / "out.txt"
+    _shell(
+        gworld,
+        f"{{ echo before; {run} echo first; {run} sh -c 'echo second; echo to-stderr >&2; "
+        f"echo third'; echo after; }} > {out} 2>&1",
+    )
+    text = out.read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("stockade:")]
+    assert lines == ["before", "first", "second", "to-stderr", "third", "after"], text
+
+
+def test_output_appended_with_o_append_too(gworld: World, tmp_path: Path) -> None:
+    # The file opened with >> (O_APPEND), which gVisor honoured before: still appended.
+    path = tmp_path / "log.txt"
+    path.write_text("kept\n")
+    stockade = _stockade_script(gworld, tmp_path)
+    _shell(gworld, f"{stockade} run --backend gvisor -- echo added >> {path}")
+    assert path.read_text() == "kept\nadded\n"

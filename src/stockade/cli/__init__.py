@@ -16,7 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
-    from typing import Any
+    from typing import Any, NoReturn
 
 #: verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -55,11 +55,28 @@ VERBS: dict[str, tuple[str, str]] = {
 PROG = "stockade"
 
 
+def parser_class() -> type[argparse.ArgumentParser]:
+    """argparse's parser, but a usage error exits 125 as every stockade error does.
+
+    argparse's own 2 would collide with the commands' codes (pytest, grep and diff use 2),
+    so a caller could not tell "stockade refused the command line" from "the tests
+    failed". Sub-parsers (``gateway serve``) are made of the same class.
+    """
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            self.print_usage(sys.stderr)
+            self.exit(EXIT_STOCKADE_ERROR, f"{self.prog}: error: {message}\n")
+
+    return Parser
+
+
 def _top_parser() -> argparse.ArgumentParser:
     import argparse
 
     verbs = "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in VERBS.items())
-    parser = argparse.ArgumentParser(
+    parser = parser_class()(
         prog=PROG,
         description="A sandbox and egress-control runtime for code that AI agents run.",
         epilog=f"commands:\n{verbs}\n\nRun '{PROG} COMMAND --help' for a command's options.",
@@ -72,9 +89,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 
 def _parser(verb: str, help_: str, module: Any) -> argparse.ArgumentParser:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=f"{PROG} {verb}", description=help_)
+    parser = parser_class()(prog=f"{PROG} {verb}", description=help_)
     module.add_arguments(parser)
     return parser
 
@@ -88,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stockade`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        _top_parser().print_help()
-        return 0 if args else 2
+        # Asked for, the help is the output; without a verb it is the error's message.
+        _top_parser().print_help(sys.stdout if args else sys.stderr)
+        return 0 if args else EXIT_STOCKADE_ERROR
     if args[0] == "--version":
         from stockade._version import __version__
 
@@ -113,7 +129,7 @@ def dispatch(args: list[str]) -> int:
     verb = args[0]
     if verb not in VERBS:
         error(f"unknown command {verb!r}; commands: {', '.join(VERBS)}")
-        return 2
+        return EXIT_STOCKADE_ERROR
     module_name, help_ = VERBS[verb]
     import importlib
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -23,14 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """List or revoke; 0 on success, 1 when nothing matched, 2 on a usage error."""
+    """List or revoke; 0 on success, 1 when nothing matched, 125 on a usage error."""
     from stockade.egress.approval._store import ApprovedStore
 
     store = ApprovedStore()
     if args.action == "list":
         if args.hosts:
             print("stockade approvals: list takes no host", file=sys.stderr)
-            return 2
+            return EXIT_STOCKADE_ERROR
         entries = store.entries()
         if args.json:
             import json
@@ -47,7 +49,7 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     if not args.hosts:
         print("stockade approvals: revoke needs a HOST (or host:port)", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     gone = store.remove(args.hosts)
     for pattern in gone:
         print(f"revoked {pattern}")

@@ -15,7 +15,13 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``check``."""
     parser.add_argument(
-        "file", nargs="?", type=Path, help="policy file (default: the search order of run)"
+        "file", nargs="?", type=Path, help="policy file, as --policy (the older spelling)"
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="policy file (default: the search order of run), as run and explain take it",
     )
     parser.add_argument("--workspace", type=Path, metavar="DIR", help="workspace to check against")
     parser.add_argument("--json", action="store_true", help="print the effective policy as JSON")
@@ -23,9 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Print the effective policy and any notes; exit 125 on an invalid policy."""
+    from stockade._exceptions import PolicyError
     from stockade.policy import load_policy
     from stockade.policy._units import format_size
 
+    if args.policy is not None and args.file is not None and args.policy != args.file:
+        raise PolicyError(f"check: --policy {args.policy} and {args.file} name two policies")
+    args.file = args.policy if args.policy is not None else args.file
     policy = load_policy(args.file, workspace=args.workspace)
     data = policy.to_dict()
     ws_policy = _workspace_policy(policy) if args.file is None else None
@@ -69,6 +79,13 @@ def execute(args: argparse.Namespace) -> int:
         print(f"  deny      {h}")
     for name, addr in net.hosts.items():
         print(f"  pin       {name} -> {addr}")
+    for rule in net.rules:
+        # The request rules decide inspected requests: the human view shows them as the
+        # JSON view does, in file order (the first match wins).
+        methods = ",".join(rule.methods) if rule.methods else "any method"
+        print(
+            f"  rule      {rule.name}: {rule.action} {methods} {rule.host} {' '.join(rule.paths)}"
+        )
     env = policy.env
     if env.pass_:
         print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 # The choices are repeated from stockade.export so that --help needs no import of it;
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE ('-': stdout)"
     )
     out.add_argument("--dir", type=Path, metavar="DIR", help="write one file per object into DIR")
+    k8s.add_argument(
+        "--force", action="store_true", help="overwrite files that exist (as init and import)"
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -100,27 +104,41 @@ def execute(args: argparse.Namespace) -> int:
     )
     objects = kubernetes_objects(policy, options, policy_text=text)
     if args.dir is not None:
-        _write_dir(args.dir, objects)
+        _write_dir(args.dir, objects, args.force)
         return 0
     stream = dump_all(objects)
     if args.output is None or str(args.output) == "-":
         sys.stdout.write(stream)
     else:
+        _refuse_existing([args.output], args.force)
         _write(args.output, stream)
     return 0
 
 
-def _write_dir(directory: Path, objects: list[dict[str, object]]) -> None:
+def _refuse_existing(paths: list[Path], force: bool) -> None:
+    """Refuse (before anything is written) to overwrite a file without ``--force``."""
+    from stockade._exceptions import PolicyError
+
+    existing = [p for p in paths if os.path.lexists(p)]
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise PolicyError(f"{existing[0]}{more} exists; pass --force to overwrite it")
+
+
+def _write_dir(directory: Path, objects: list[dict[str, object]], force: bool = False) -> None:
     from stockade.export._yaml import dump_all
 
-    directory.mkdir(parents=True, exist_ok=True)
     width = len(str(len(objects)))
+    files = []
     for i, obj in enumerate(objects, 1):
         meta = obj.get("metadata")
         name = meta.get("name", "") if isinstance(meta, dict) else ""
         # The number keeps the apply order (gateway first) for `kubectl apply -f DIR`,
         # which reads files in name order.
-        file = directory / f"{i:0{width}d}-{str(obj['kind']).lower()}-{name}.yaml"
+        files.append(directory / f"{i:0{width}d}-{str(obj['kind']).lower()}-{name}.yaml")
+    _refuse_existing(files, force)
+    directory.mkdir(parents=True, exist_ok=True)
+    for file, obj in zip(files, objects, strict=True):
         _write(file, dump_all([obj]))
 
 

@@ -17,13 +17,18 @@ import socket
 import sys
 from pathlib import Path
 
-from stockade._exceptions import SandboxError
+from stockade._exceptions import EXIT_STOCKADE_ERROR, SandboxError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``gateway``."""
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    serve = sub.add_parser("serve", help="serve HTTP, CONNECT and SOCKS5 for a cluster's pods")
+    serve = sub.add_parser(
+        "serve",
+        help="serve HTTP, CONNECT and SOCKS5 for a cluster's pods",
+        description="Serve HTTP, CONNECT and SOCKS5 to a cluster's sandbox pods: each "
+        "connection is decided by the policy its pod names (docs/kubernetes.md).",
+    )
     serve.add_argument(
         "--listen", default="0.0.0.0:3128", metavar="HOST:PORT", help="proxy listener"
     )
@@ -53,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--identity",
         default="peer-ip",
         choices=("peer-ip", "peer-ip,tokenreview"),
-        help="peer-ip alone, or also a projected token of the same pod (TokenReview)",
+        # argparse would print the choices as {peer-ip,peer-ip,tokenreview}
+        metavar="peer-ip|peer-ip,tokenreview",
+        help="peer-ip alone (default), or also a projected token of the same pod (TokenReview)",
     )
     serve.add_argument("--audience", default="stockade-gateway", help="the tokens' audience")
     scope = serve.add_mutually_exclusive_group()
@@ -122,14 +129,14 @@ def execute(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         print(f"stockade gateway: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     namespace = None if args.all_namespaces else (args.namespace or _own_namespace())
     if namespace is None and not args.all_namespaces:
         print(
             "stockade gateway: name the pods to serve: --namespace NS or --all-namespaces",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     config = GatewayConfig(
         policies=args.policies,
         default_policy=args.default_policy,

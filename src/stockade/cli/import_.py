@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
+
 FORMATS = ("srt",)
 
 
@@ -52,7 +54,7 @@ def execute(args: argparse.Namespace) -> int:
         fd = os.open(out, flags, 0o644)
     except FileExistsError:
         print(f"stockade import: {out} exists; pass --force to overwrite it", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     except OSError as exc:
         print(f"stockade import: cannot write {out}: {exc.strerror}", file=sys.stderr)
         return 125

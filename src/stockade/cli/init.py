@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
 from stockade.policy._load import WORKSPACE_POLICY
 
 
@@ -200,13 +201,13 @@ def starter_policy(workspace: Path) -> str:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Write (or print) the starter policy; 1 if it exists and ``--force`` is not given."""
+    """Write (or print) the starter policy; 125 if it exists and ``--force`` is not given."""
     from stockade.policy import parse_policy_text
 
     workspace = (args.workspace or Path.cwd()).expanduser().resolve()
     if not workspace.is_dir():
         print(f"stockade init: {workspace}: not a directory", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     text = starter_policy(workspace)
     # What init writes must load: validate it as the trusted file it is meant to be.
     parse_policy_text(text, "stockade init", workspace=workspace)
@@ -219,7 +220,7 @@ def execute(args: argparse.Namespace) -> int:
         fd = os.open(target, flags | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         print(f"stockade init: {target} exists; pass --force to overwrite it", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     except OSError as exc:
         print(f"stockade init: cannot write {target}: {exc.strerror}", file=sys.stderr)
         return 125

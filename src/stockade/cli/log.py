@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
+
 Event = dict[str, Any]
 
 #: How often --follow looks for new lines and new files.
@@ -36,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read this audit file (repeatable; default: every file under the state directory)",
     )
     parser.add_argument("--run", metavar="ID", help="only the run whose id starts with ID")
-    parser.add_argument("--verdict", choices=("allow", "deny", "report"), help="only this verdict")
+    parser.add_argument(
+        "--verdict",
+        choices=("allow", "deny", "report", "pending"),
+        help="only this verdict (pending: an ask waiting for its answer)",
+    )
     parser.add_argument(
         "--layer", metavar="L", help="only events of this layer (files, egress, ...)"
     )
@@ -149,7 +155,8 @@ def format_event(event: Event) -> str:
         str(event.get("reason") or "-"),
     ]
     when, run, kind, layer, verdict, reason = fields
-    text = f"{when}  {run:<12}  {kind:<10} {layer:<9} {verdict:<6} {reason:<18} {target}".rstrip()
+    # Columns as wide as the longest event name (policy_change) and verdict (pending).
+    text = f"{when}  {run:<12}  {kind:<13} {layer:<9} {verdict:<7} {reason:<18} {target}".rstrip()
     # A target comes from the sandbox (paths, host names): keep one event on one line.
     return "".join(c if c.isprintable() else "?" for c in text)
 
@@ -169,16 +176,30 @@ def _emit(event: Event, as_json: bool) -> None:
         print(format_event(event), flush=True)
 
 
-def _read(files: Iterable[Path]) -> Iterator[Event]:
+def _read(files: Iterable[Path], unreadable: list[Path] | None = None) -> Iterator[Event]:
+    """The events of ``files``; a file that cannot be read, or that has text but not one
+    event (not an audit log), is reported on stderr and added to ``unreadable``."""
     for path in files:
+        found = text = False
         try:
             with path.open(encoding="utf-8", errors="replace") as fh:
                 for line in fh:
+                    text = text or bool(line.strip())
                     event = _parse(line)
                     if event is not None:
+                        found = True
                         yield event
         except OSError as exc:
             print(f"stockade log: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            if unreadable is not None:
+                unreadable.append(path)
+            continue
+        if text and not found:
+            print(
+                f"stockade log: {path}: no audit events in it (not an audit log)", file=sys.stderr
+            )
+            if unreadable is not None:
+                unreadable.append(path)
 
 
 def _denial_summary(events: Iterable[Event], as_json: bool) -> None:
@@ -261,7 +282,7 @@ def _verify(args: argparse.Namespace) -> int:
                 f"stockade log: --verify checks whole files; --{name} does not combine with it",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_STOCKADE_ERROR
     from stockade.audit._record import load_records, records_dir
     from stockade.audit._verify import authorship, verify_file
 
@@ -269,7 +290,7 @@ def _verify(args: argparse.Namespace) -> int:
     files += _audit_files(args) if args.file or not files else []
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     records = load_records()
     failed = unrecorded = 0
     for path in files:
@@ -317,7 +338,7 @@ def _printable(text: str) -> str:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Print the matching events; 0 on success (also when none match), 1 when no log exists.
+    """Print the matching events; 0 on success (also when none match), 125 when no log exists.
 
     With ``--verify``: 0 when every run of every log verifies and ends where its run
     record says, 1 when one does not, :data:`EXIT_UNRECORDED` when every chain holds
@@ -328,7 +349,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.follow:
         if args.denials:
             print("stockade log: --follow and --denials do not combine", file=sys.stderr)
-            return 2
+            return EXIT_STOCKADE_ERROR
         try:
             _follow(args)
         except KeyboardInterrupt:
@@ -338,14 +359,16 @@ def execute(args: argparse.Namespace) -> int:
     missing = [p for p in files if not p.is_file()]
     if missing:
         print(f"stockade log: {missing[0]}: no such audit file", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     if not files:
         print("stockade log: no audit logs yet; 'stockade run' writes one per run", file=sys.stderr)
-        return 1
-    events = (e for e in _read(files) if _matches(e, args))
+        return EXIT_STOCKADE_ERROR
+    unreadable: list[Path] = []
+    events = (e for e in _read(files, unreadable) if _matches(e, args))
     if args.denials:
         _denial_summary(events, args.json)
-        return 0
-    for event in events:
-        _emit(event, args.json)
-    return 0
+    else:
+        for event in events:
+            _emit(event, args.json)
+    # The events of the readable files are shown; a file that gave none is an error.
+    return EXIT_STOCKADE_ERROR if unreadable else 0

@@ -21,7 +21,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from stockade._exceptions import SandboxError
+from stockade._exceptions import EXIT_STOCKADE_ERROR, SandboxError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST",
-        help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional :port)",
+        help="allow this host (pattern: host, *.domain, IP, CIDR, each with optional "
+        ":port); repeat for more hosts",
     )
     parser.add_argument("--policy", type=Path, metavar="FILE", help="policy file ([network])")
     parser.add_argument(
@@ -100,7 +101,7 @@ def execute(args: argparse.Namespace) -> int:
         sock, path = bind_listener(args.listen)
     except ValueError as exc:
         print(f"stockade proxy: --listen {exc}", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     except OSError as exc:
         raise SandboxError(f"cannot listen on {args.listen}: {exc.strerror}") from None
     # The first event seeds the log's hash chain with the policy it enforces.

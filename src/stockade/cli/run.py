@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
 from stockade.policy import LAYERS
 from stockade.policy._model import BACKEND_CHOICES
 
@@ -185,6 +186,14 @@ def _approval(
 ) -> tuple[Any, Any]:
     """The run's approval broker and control channel, from ``--ask``; (False, None) after
     a usage error was printed; (None, None) when nobody is asked (no broker needed)."""
+    if args.control_fd is not None and args.ask in ("never", "tty"):
+        # Two answers to "who is asked": refuse rather than pick one silently.
+        print(
+            f"stockade run: --ask {args.ask} and --control-fd name two ways of asking; "
+            "give --control-fd alone (or with --ask control), or drop it",
+            file=sys.stderr,
+        )
+        return False, None
     mode = "control" if args.control_fd is not None else args.ask
     if args.ask_timeout is not None and not 0 < args.ask_timeout < float("inf"):
         print(
@@ -268,20 +277,20 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             "stockade run: no command given; usage: stockade run [OPTIONS] -- COMMAND [ARGS...]",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
         print(
             f"stockade run: --timeout {args.timeout:g}: must be a positive number of seconds",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_STOCKADE_ERROR
     if args.srt_settings is not None:
         if args.policy is not None:
             print(
                 "stockade run: --policy and --srt-settings name two policies; give one",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_STOCKADE_ERROR
         from stockade.policy._load import add_allowed_hosts
         from stockade.policy._srt import policy_from_srt
 
@@ -309,7 +318,7 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         )
     approval, channel = _approval(args, policy, command)
     if approval is False:
-        return 2
+        return EXIT_STOCKADE_ERROR
     for warning in policy.warnings:
         print(f"stockade: warning: {warning}", file=sys.stderr)
     result = run(
@@ -324,13 +333,69 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
     )
     if channel is not None:
         channel.close()
-    denials = result.denials
-    if denials:
-        counts: dict[str, int] = {}
-        for event in denials:
-            key = f"{event.get('layer')} {event.get('reason')}"
-            counts[key] = counts.get(key, 0) + 1
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        where = f"; details in {result.audit_path}" if result.audit_path else ""
-        print(f"stockade: denied {len(denials)}: {summary}{where}", file=sys.stderr)
+    for line in denial_summary(result.denials, result.audit_path, args.policy):
+        print(line, file=sys.stderr)
     return result.returncode
+
+
+#: events with a ``deny`` verdict that are no refusal of the command's: the answer that
+#: refused a connection (the connection is listed itself) and a revoke of the policy
+_NOT_REFUSALS = ("answer", "policy_change")
+#: how many targets the summary names per kind of denial
+_TARGETS_SHOWN = 3
+
+
+def _cli_hint(reason: str, host: str, policy_file: Path | None) -> str | None:
+    """What a person can do about one kind of refusal, or None when nothing applies."""
+    from stockade.policy._load import user_policy_path
+
+    where = str(policy_file) if policy_file is not None else str(user_policy_path())
+    if reason == "host-not-allowed":
+        return f"to allow {host}: --allow-host {host}, or network.allow in {where}"
+    if reason == "address-not-public":
+        return (
+            f"{host} resolves to a private or loopback address, which is refused unless "
+            f"its address is pinned: add it to network.hosts (and network.allow) in {where}"
+        )
+    if reason == "port-not-allowed":
+        return f'to allow another port of {host}: network.allow = ["{host}:PORT"] in {where}'
+    return None
+
+
+def denial_summary(
+    denials: Sequence[dict[str, Any]], audit_path: Path | None, policy_file: Path | None = None
+) -> list[str]:
+    """The lines ``run`` prints on stderr after a run that had denials: one line that
+    counts them by layer and reason and names what was refused, then one hint per kind
+    of network refusal that has a fix."""
+    from stockade.mcp._explain import denial_target
+
+    kinds: dict[str, list[str]] = {}
+    hosts: dict[str, str] = {}
+    for event in denials:
+        if event.get("event") in _NOT_REFUSALS:
+            continue
+        key = f"{event.get('layer')} {event.get('reason')}"
+        kinds.setdefault(key, []).append(denial_target(event))
+        host = event.get("host") or event.get("name")
+        if host and event.get("layer") == "egress":
+            hosts.setdefault(str(event.get("reason")), str(host))
+    if not kinds:
+        return []
+    parts = []
+    for key, targets in sorted(kinds.items()):
+        named = list(dict.fromkeys(t for t in targets if t))
+        shown = ", ".join(named[:_TARGETS_SHOWN])
+        if len(named) > _TARGETS_SHOWN:
+            shown += f", and {len(named) - _TARGETS_SHOWN} more"
+        parts.append(f"{len(targets)} {key}" + (f" ({shown})" if shown else ""))
+    total = sum(len(t) for t in kinds.values())
+    where = f"; details in {audit_path}" if audit_path else ""
+    # A target comes from the sandbox (paths, names): one printable line.
+    line = f"stockade: denied {total}: {', '.join(parts)}{where}"
+    lines = ["".join(c if c.isprintable() else "?" for c in line)]
+    for reason, host in hosts.items():
+        hint = _cli_hint(reason, host, policy_file)
+        if hint is not None:
+            lines.append("".join(c if c.isprintable() else "?" for c in f"stockade: hint: {hint}"))
+    return lines

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from stockade._exceptions import EXIT_STOCKADE_ERROR
 from stockade._libc import libc
 from stockade._record import record
 from stockade.cli import _client
@@ -99,14 +100,14 @@ def execute(args: argparse.Namespace) -> int:
         return _stop(path)
     if args.idle_timeout < 0:
         print("stockade server: --idle-timeout must be 0 or more seconds", file=sys.stderr)
-        return 2
+        return EXIT_STOCKADE_ERROR
     if len(path.encode()) > _client.MAX_SOCKET_PATH:
         print(
             f"stockade server: the socket path {path} is longer than a unix socket allows "
             f"({_client.MAX_SOCKET_PATH} bytes); set XDG_STATE_HOME to a shorter directory",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_STOCKADE_ERROR
     if args.action == "start":
         return _start(path, args.idle_timeout)
     return serve(path, args.idle_timeout)
@@ -122,7 +123,7 @@ def _install_frontend(bin_dir: Path | None) -> int:
         print(f"stockade server: {_frontend.install(where)}")
     except (OSError, ValueError) as exc:
         print(f"stockade server: cannot install the front end in {where}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_STOCKADE_ERROR
     return 0
 
 
@@ -196,8 +197,8 @@ def _start(path: str, idle: float) -> int:
             print(f"stockade server: started, pid {pid}, socket {path}")
             return 0
         time.sleep(0.02)
-    print(f"stockade server: did not start within {START_TIMEOUT_S:g}s; see {log}")
-    return 1
+    print(f"stockade server: did not start within {START_TIMEOUT_S:g}s; see {log}", file=sys.stderr)
+    return EXIT_STOCKADE_ERROR
 
 
 def _private_dir(path: Path) -> None:
@@ -283,7 +284,7 @@ def serve(path: str, idle: float) -> int:
     with contextlib.suppress(FileNotFoundError):
         if _running_pid(path) is not None:
             print(f"stockade server: already running on {path}", file=sys.stderr)
-            return 1
+            return EXIT_STOCKADE_ERROR
         sock_path.unlink()  # a socket left by a server that died
     listener.bind(path)
     os.chmod(path, 0o600)

@@ -126,6 +126,58 @@ def _touches_secret(path: Path, secrets: Iterable[Path]) -> bool:
     return any(_is_within(s, path) or _is_within(path, s) for s in secrets)
 
 
+#: Directories the container binds whole (a subset of ``SYSTEM_PATHS``): a PATH entry in
+#: one needs no bind of its own, though its environment's base interpreter may.
+_SYSTEM_BIN_ROOTS = (Path("/usr"), Path("/bin"), Path("/sbin"), Path("/opt"))
+
+
+def _is_system(path: Path) -> bool:
+    return any(_is_within(path, root) for root in _SYSTEM_BIN_ROOTS)
+
+
+def env_prefix(bin_dir: Path) -> Path | None:
+    """The installation prefix ``bin_dir`` (a resolved ``.../bin``) is the ``bin/`` of,
+    when that prefix is an environment a program finds its libraries in through its own
+    location: a Python virtual environment (``pyvenv.cfg``), a conda environment
+    (``conda-meta/``), or a standalone Python or Node installation (a uv-managed Python,
+    a Node tarball: ``bin/python3`` with ``lib/python3.*``, ``bin/node`` with
+    ``lib/node_modules``). None for any other directory: binding its parent would show
+    more than the PATH asked for.
+    """
+    if bin_dir.name != "bin":
+        return None
+    prefix = bin_dir.parent
+    try:
+        if (prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir():
+            return prefix
+        if (bin_dir / "python3").exists() and any((prefix / "lib").glob("python3*")):
+            return prefix
+        if (bin_dir / "node").exists() and (prefix / "lib" / "node_modules").is_dir():
+            return prefix
+    except OSError:
+        return None
+    return None
+
+
+def _venv_base(prefix: Path) -> Path | None:
+    """The base interpreter's ``bin`` directory named by ``prefix/pyvenv.cfg``'s
+    ``home`` key, resolved; None without one."""
+    try:
+        with open(prefix / "pyvenv.cfg", "rb") as fh:
+            lines = fh.read(1 << 16).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "home" and os.path.isabs(value.strip()):
+            try:
+                base = Path(value.strip()).resolve()
+            except (OSError, RuntimeError):
+                return None
+            return base if base.is_dir() else None
+    return None
+
+
 def _toolchain_root(path: Path) -> Path | None:
     """The toolchain installation ``path`` belongs to (``/x/.pyenv`` for ``/x/.pyenv/shims``)."""
     parts = path.parts
@@ -173,13 +225,36 @@ def _scan_toolchains(env_path: str, home: Path, denied: tuple[Path, ...]) -> tup
     secrets = [*secret_paths(home), *denied]
     out: list[Path] = []
 
-    def add(path: Path) -> None:
+    def add(path: Path) -> bool:
         if path == home or path == Path("/") or _touches_secret(path, secrets):
-            return
+            return False
         if any(_is_within(path, p) for p in out):
-            return
+            return True
         out[:] = [p for p in out if not _is_within(p, path)]
         out.append(path)
+        return True
+
+    def bind_dir(real: Path, depth: int = 0) -> Path | None:
+        """Bind ``real`` (a PATH directory, resolved), or the toolchain or environment
+        it belongs to; return the toolchain root, if it was one."""
+        root = _toolchain_root(real)
+        if root is not None:
+            add(root)
+            return root
+        system = _is_system(real) and not _is_within(real, home)  # visible anyway
+        prefix = env_prefix(real)
+        # The whole environment, not only its bin/: Python finds pyvenv.cfg and lib/
+        # beside the interpreter, and without them silently runs as the base Python.
+        if prefix is not None and (system or add(prefix)):
+            # A virtual environment runs its base interpreter, and needs its standard
+            # library: where pyvenv.cfg's ``home`` says (a pyenv or uv Python under HOME).
+            base = _venv_base(prefix)
+            if base is not None and base != real and depth < 4:  # venvs of venvs, no loop
+                bind_dir(base, depth + 1)
+            return None
+        if not system:
+            add(real)
+        return None
 
     for spelled in env_path.split(os.pathsep):
         if not spelled or not os.path.isabs(spelled):
@@ -190,13 +265,7 @@ def _scan_toolchains(env_path: str, home: Path, denied: tuple[Path, ...]) -> tup
                 continue
         except (OSError, RuntimeError):
             continue  # unreadable (another user's home) or a symlink loop: nothing to bind
-        root = _toolchain_root(real)
-        if root is not None:
-            add(root)
-        elif _is_within(real, home) or not any(
-            _is_within(real, Path(s)) for s in ("/usr", "/bin", "/sbin", "/opt")
-        ):
-            add(real)
+        root = bind_dir(real)
         if root is not None and root.name != "bin":
             continue  # a whole toolchain installation is bound; its links point inside it
         if not _is_within(real, home):

@@ -71,9 +71,23 @@ MAX_HOSTS = 8
 NO_ELICITATION = (
     "this MCP client cannot ask the user (it does not support MCP elicitation), so "
     "nothing was granted; ask the user to add {hosts} to network.allow in their stockade "
-    "policy (~/.config/stockade/policy.toml) and restart the MCP server; do not try to "
-    "reach it another way"
+    "policy ({policy}) and restart the MCP server; do not try to reach it another way"
 )
+
+
+def policy_file(policy: Policy) -> str:
+    """The file a user edits to widen ``policy``: the trusted file it was read from
+    (``--policy``, or the user policy), else where the user policy would be (which
+    honours ``XDG_CONFIG_HOME``). Never the workspace's file: it can only tighten."""
+    from stockade.policy._load import user_policy_path
+
+    workspace = policy.filesystem.workspace
+    for source in policy.sources:
+        path = Path(source)
+        if path.is_absolute() and path.is_file() and not path.is_relative_to(workspace):
+            return str(path)
+    return str(user_policy_path())
+
 
 INSTRUCTIONS = """\
 Commands run inside a stockade sandbox: a private file system with the workspace
@@ -114,11 +128,12 @@ def _result(completed: CompletedRun) -> dict[str, Any]:
         "truncated": cut_out or cut_err,
         # A withheld credential is no denial of the command's, but the agent needs
         # to hear of it: its hint says to ask the user, never to work around it. A
-        # denying answer is left out: the connections it refused are listed themselves.
+        # denying answer is left out: the connections it refused are listed themselves;
+        # so is a revoke (a policy_change), which is the user's change, not a refusal.
         "denials": [
             explain_denial(e)
             for e in completed.events
-            if (e.get("verdict") == "deny" and e.get("event") != "answer")
+            if (e.get("verdict") == "deny" and e.get("event") not in ("answer", "policy_change"))
             or e.get("event") == "env_dropped"
         ],
         "run_id": completed.run_id,
@@ -284,7 +299,7 @@ class _Session:
             return self._access_retry(ctx)
         if not can_elicit(ctx):
             shown = ", ".join(safe(h, 100) for h in hosts) or "the host"
-            raise ToolError(NO_ELICITATION.format(hosts=shown))
+            raise ToolError(NO_ELICITATION.format(hosts=shown, policy=policy_file(self.policy)))
         patterns = self._check_hosts(hosts)
         broker = self.broker
         choices = self._choices()
@@ -540,7 +555,11 @@ def _build(
         # Before the server's own log is opened there: the first run would refuse it.
         refuse_reachable(audit, policy, explicit=explicit)
     workspace = policy.filesystem.workspace
-    server = MCPServer("stockade", instructions=INSTRUCTIONS, log_level="WARNING")
+    from stockade._version import __version__
+
+    server = MCPServer(
+        "stockade", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
+    )
     session = _Session(policy, audit)
 
     @server.tool(

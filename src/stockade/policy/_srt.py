@@ -177,13 +177,12 @@ def _network(net: Mapping[str, Any], t: SrtTranslation, source: str) -> None:
             f"the text {text!r} is not imported"
         )
 
-    if "strictAllowlist" in net and not _flag(
+    if "strictAllowlist" in net and _flag(
         source, "network.strictAllowlist", net["strictAllowlist"]
     ):
-        t.notes.append(
-            "network.strictAllowlist = false: stockade never asks at run time; "
-            "a host not in network.allow is refused"
-        )
+        # srt then refuses an unlisted host without asking; so does stockade with
+        # network.strict. false writes nothing: stockade's default (ask where it can).
+        t.set("network", "strict", True, "network.strictAllowlist: never ask, refuse")
     if "allowUnixSockets" in net:
         sockets = _str_list(source, "network.allowUnixSockets", net["allowUnixSockets"])
         if sockets:

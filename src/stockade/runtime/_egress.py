@@ -307,6 +307,11 @@ class RunProxy:
             self.proxy.gate.on_grant = self._capture_granted_ports
         else:
             netns.close()
+        if self._netns is not None:
+            # A grant made before the namespace existed (a control channel's first
+            # message, a Sandbox.allow before the run) found nowhere to listen: its
+            # ports are listened on now, before the command is let go.
+            self._capture_granted_ports()
         run = asyncio.run_coroutine_threadsafe
         self._serving.append(run(self.proxy.serve_socket(socks.proxy), self.loop))
         for capture in socks.captures:

@@ -15,9 +15,11 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from stockade import _roots
 from stockade._exceptions import SandboxError
@@ -211,3 +213,94 @@ class GvisorRun:
                 timeout=10,
                 check=False,
             )
+
+
+def _positioned_file(target: int | IO[Any] | None, default: int) -> int | None:
+    """The descriptor ``target`` writes to, when it is a regular file opened without
+    O_APPEND (whose offset gVisor does not honour); None for anything else."""
+    import fcntl
+    import stat
+
+    if target is None:
+        fd = default
+    elif isinstance(target, int):
+        if target < 0:
+            return None  # subprocess.PIPE, DEVNULL, STDOUT
+        fd = target
+    else:
+        try:
+            fd = target.fileno()
+        except (OSError, ValueError, AttributeError):
+            return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            return None
+    except OSError:
+        return None
+    return fd
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _copy(read_end: int, fd: int) -> None:
+    try:
+        while chunk := os.read(read_end, 1 << 16):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # the caller's file is gone or full: the command sees EPIPE from then on
+    finally:
+        os.close(read_end)
+
+
+@contextlib.contextmanager
+def file_relays(
+    stdout: int | IO[Any] | None, stderr: int | IO[Any] | None
+) -> Iterator[tuple[int | IO[Any] | None, int | IO[Any] | None]]:
+    """Stand a pipe in for a stdout or stderr that is a regular file at an offset.
+
+    runsc gives the Sentry the descriptor, and gVisor writes a host file at an offset of
+    its own, starting at 0: ``{ echo before; stockade run --backend gvisor -- echo x; } >
+    f`` would lose ``before``. Through a pipe, stockade writes the output itself, at the
+    caller's offset, advancing it as any command's output does. Yields the targets to
+    give runsc; on exit, waits until the command's output is written.
+    """
+    threads: list[threading.Thread] = []
+    out: list[int | IO[Any] | None] = []
+    opened: list[int] = []
+    files = [_positioned_file(stdout, 1), _positioned_file(stderr, 2)]
+    try:
+        for index, (target, fd) in enumerate(zip((stdout, stderr), files, strict=True)):
+            if fd is None:
+                out.append(target)
+                continue
+            if index == 1 and files[0] is not None and _same_file(files[0], fd):
+                # 2>&1: one pipe for both keeps their order, as one file would.
+                out.append(out[0])
+                continue
+            read_end, write_end = os.pipe2(os.O_CLOEXEC)
+            opened.append(write_end)
+            thread = threading.Thread(
+                target=_copy, args=(read_end, fd), name="stockade-output", daemon=True
+            )
+            thread.start()
+            threads.append(thread)
+            out.append(write_end)
+        yield out[0], out[1]
+    finally:
+        # runsc holds its copies while it runs; ours close now, so that the relays end
+        # when runsc (and with it every process of the sandbox) has gone.
+        for write_end in opened:
+            with contextlib.suppress(OSError):
+                os.close(write_end)
+        for thread in threads:
+            thread.join()

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from stockade._exceptions import SandboxError
 from stockade._hash import sha256_hex
 from stockade._process import alive
 from stockade.enforce import paths
@@ -27,7 +28,13 @@ _SHARED = "placeholders"
 def _registry(state_dir: Path, workspace: Path) -> Path:
     digest = sha256_hex(str(workspace).encode())[:16]
     path = state_dir / "workspaces" / digest
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot create {path}, where stockade keeps the workspace's placeholder "
+            f"registry: {exc.strerror}; set XDG_STATE_HOME to a writable directory"
+        ) from None
     return path
 
 

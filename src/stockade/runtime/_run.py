@@ -51,6 +51,19 @@ def default_audit_dir() -> Path:
     return _roots.state_dir() / "runs"
 
 
+def require_state_dir(path: Path, what: str, *, audit_option: bool = False) -> None:
+    """Make stockade's state directory ``path`` (where it keeps ``what``), or raise a
+    :class:`SandboxError` that names it and the fix (``XDG_STATE_HOME``)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        either = " (or pass --audit FILE)" if audit_option else ""
+        raise SandboxError(
+            f"cannot create {path}, where stockade keeps {what}: {exc.strerror}; set "
+            f"XDG_STATE_HOME to a writable directory{either}"
+        ) from None
+
+
 @record(frozen=False)
 class RunRequest:
     """What to run and how; the policy is already loaded and validated."""
@@ -292,7 +305,14 @@ def execute(request: RunRequest) -> RunResult:
     _refuse_writable_tools(policy, bwrap, runsc.path if runsc is not None else None)
     run_id = os.urandom(6).hex()  # uuid would cost ~10 ms of imports per run
     audit_path = request.audit_path
-    if audit_path is None and request.audit_to_file:
+    default_audit = audit_path is None and request.audit_to_file
+    # Checked before the audit log opens: a run refused here has nothing to record, and
+    # a read-only HOME gets a message that names the directory and the fix.
+    if default_audit:
+        require_state_dir(default_audit_dir(), "its audit logs", audit_option=True)
+    elif policy.layers.container:
+        require_state_dir(default_audit_dir().parent, "the workspaces' placeholder registry")
+    if default_audit:
         audit_path = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-{run_id}.jsonl"
     if audit_path is not None:
         _audit_guard.refuse_reachable(audit_path, policy, explicit=request.audit_path is not None)
@@ -371,15 +391,13 @@ def _execute(
             "policy_note", layer="files", verdict="report", reason="path-resolved", detail=note
         )
 
-    # The proxy is needed when the egress layer is on and the policy allows anything;
-    # with nothing allowed the sandbox simply has an empty network namespace.
-    # An approver or live grants need it too, even with an empty allow-list: the proxy is
-    # where an off-list connection waits for its answer.
+    # The proxy runs whenever the egress layer is on, even with nothing allowed: its
+    # resolver and capture listeners answer (and refuse) every attempt, so that each one
+    # is a decision in the audit log (a dns_query or net_connect deny) rather than a
+    # silent "could not resolve host" in an empty namespace. An approver or live grants
+    # need it too: the proxy is where an off-list connection waits for its answer.
     approval = request.approval
-    needs_proxy = layers.egress and (
-        bool(policy.network.allow or policy.network.hosts)
-        or (approval is not None and approval.active)
-    )
+    needs_proxy = layers.egress
     # bwrap holds the command (--block-fd, see _Start) while a cgroup or a proxy is wired.
     # The gVisor entry always speaks the handshake (it makes the namespaces, then waits).
     handshake = not landlock and (support is not None or needs_proxy or runsc is not None)
@@ -583,11 +601,14 @@ def _execute(
                     reason="command-not-found",
                     end=True,
                 )
-                print(f"stockade: {request.argv[0]}: command not found", file=sys.stderr)
+                message = f"stockade: {request.argv[0]}: command not found\n"
+                not_found_err = _report_not_found(request, message)
                 return RunResult(
                     list(request.argv),
                     EXIT_NOT_FOUND,
                     audit.run_id,
+                    stdout=b"" if request.capture_output else None,
+                    stderr=not_found_err,
                     events=audit.events,
                     audit_path=audit.path,
                     duration=time.monotonic() - started,
@@ -1006,6 +1027,28 @@ def _trust_paths(
     return tuple(out)
 
 
+def _report_not_found(request: RunRequest, message: str) -> bytes | None:
+    """Say "command not found" where the command's stderr would have gone: into the
+    captured output (an API or MCP caller reads it there, not in the server's log), the
+    caller's stderr target, or stockade's own stderr; the captured bytes, if captured."""
+    target = request.stderr
+    if request.capture_output or target == subprocess.PIPE:
+        return message.encode()
+    if target == subprocess.DEVNULL:
+        return None
+    try:
+        if target is not None:
+            if not isinstance(target, int):
+                target.flush()
+                target = target.fileno()
+            os.write(target, message.encode())
+            return None
+    except (OSError, ValueError, AttributeError):
+        pass
+    sys.stderr.write(message)
+    return None
+
+
 def _wall_timeout(request: RunRequest) -> float | None:
     limits = request.policy.limits
     candidates = [t for t in (request.timeout,) if t]
@@ -1038,7 +1081,46 @@ def _spawn(
         request.timeout = timeout
     _pty.check_passed(pass_fds)
     console = sandbox if sandbox is not None and sandbox.console is not None else None
-    with _pty.relay(terminal, *_stdio(request)) as relay:
+    stdin, stdout, stderr = _stdio(request)
+    with contextlib.ExitStack() as files:
+        if sandbox is not None and console is None:
+            # gVisor writes a regular file from an offset of its own: stockade writes the
+            # command's output there itself, at the caller's offset (_gvisor.file_relays).
+            from stockade.runtime._gvisor import file_relays
+
+            stdout, stderr = files.enter_context(file_relays(stdout, stderr))
+        return _spawn_relayed(
+            argv,
+            env,
+            cwd,
+            request,
+            timeout,
+            depth,
+            terminal,
+            pass_fds,
+            start,
+            on_started,
+            console,
+            (stdin, stdout, stderr),
+        )
+
+
+def _spawn_relayed(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    request: RunRequest,
+    timeout: float | None,
+    depth: int,
+    terminal: _pty.Choice,
+    pass_fds: tuple[int, ...],
+    start: _Start | None,
+    on_started: Callable[[], None],
+    console: Any,
+    stdio: tuple[int | IO[Any] | None, int | IO[Any] | None, int | IO[Any] | None],
+) -> tuple[int, bool, bytes | None, bytes | None]:
+    """The body of :func:`_spawn` once the stdio targets are chosen."""
+    with _pty.relay(terminal, *stdio) as relay:
         proc = _popen(argv, env, cwd, *relay.stdio, pass_fds)
         relay.handed()
         paused = start.paused if start is not None else None
