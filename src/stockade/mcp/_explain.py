@@ -61,6 +61,10 @@ _HINTS: dict[str, str] = {
     ),
     "secret-wrong-host": "a secret was headed to {target}, which is not bound to it; refused",
     "labelled-data": "the request to {target} carried labelled data; uploads of it are refused",
+    "credential-detected": (
+        "the request to {target} carried a credential (its kind is in the event); "
+        "credentials go only to the hosts they are bound to: ask the user"
+    ),
     "credential-env": (
         "environment variable {target} looks like a credential and was withheld; if the "
         'command needs it, ask the user to add {{ name = "{target}", allow_secret = true }} '

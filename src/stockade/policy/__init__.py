@@ -10,11 +10,13 @@ from stockade.policy._decision import Verdict as Verdict
 from stockade.policy._load import load_policy as load_policy
 from stockade.policy._load import parse_policy_text as parse_policy_text
 from stockade.policy._load import user_policy_path as user_policy_path
+from stockade.policy._model import DETECTOR_NAMES as DETECTOR_NAMES
 from stockade.policy._model import LAYERS as LAYERS
 from stockade.policy._model import BoundSecret as BoundSecret
 from stockade.policy._model import EnvPass as EnvPass
 from stockade.policy._model import EnvPolicy as EnvPolicy
 from stockade.policy._model import FilesystemPolicy as FilesystemPolicy
+from stockade.policy._model import InspectPolicy as InspectPolicy
 from stockade.policy._model import Labels as Labels
 from stockade.policy._model import LayersPolicy as LayersPolicy
 from stockade.policy._model import LimitsPolicy as LimitsPolicy
@@ -23,12 +25,14 @@ from stockade.policy._model import Policy as Policy
 from stockade.policy._model import RequestRule as RequestRule
 
 __all__ = [
+    "DETECTOR_NAMES",
     "LAYERS",
     "BoundSecret",
     "Decision",
     "EnvPass",
     "EnvPolicy",
     "FilesystemPolicy",
+    "InspectPolicy",
     "Labels",
     "LayersPolicy",
     "LimitsPolicy",

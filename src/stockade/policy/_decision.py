@@ -73,6 +73,7 @@ class Reason(enum.StrEnum):
     FOREIGN_CREDENTIAL = "foreign-credential"
     SECRET_WRONG_HOST = "secret-wrong-host"  # noqa: S105 - a reason, not a secret
     LABELLED_DATA = "labelled-data"
+    CREDENTIAL_DETECTED = "credential-detected"
     BODY_TOO_LARGE = "body-too-large"
     UNSCANNABLE_BODY = "unscannable-body"
     CLIENT_REFUSED_CERT = "client-refused-cert"

@@ -24,12 +24,15 @@ from stockade._record import replace
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
     BACKEND_CHOICES,
+    DETECTOR_ACTIONS,
+    DETECTOR_NAMES,
     LAYERS,
     BoundSecret,
     ContainerPolicy,
     EnvPass,
     EnvPolicy,
     FilesystemPolicy,
+    InspectPolicy,
     KubernetesPolicy,
     Labels,
     LayersPolicy,
@@ -639,6 +642,10 @@ def _build(
         policy = replace(policy, network=replace(policy.network, strict=True))
     if allow_always:
         policy = replace(policy, mcp=replace(policy.mcp, allow_always=True))
+    inspect_table = raw.get("inspect", {})
+    inspect = _inspect_table(inspect_table, v)
+    if not inspect.default:
+        policy = replace(policy, inspect=inspect)
     container_raw = raw.get("container", {})
     backend = container_raw.get("backend", "bubblewrap")
     if backend not in BACKEND_CHOICES:
@@ -700,7 +707,9 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
     * limits: lower only; layers: switch on only; backend: gVisor may be asked for,
       never taken away; ``mcp.allow_always`` may only be turned off;
     * presets: only those whose hosts ``base`` already allows (their paths and names
-      are dropped: see ``_build``); kubernetes: never (the base's table stands).
+      are dropped: see ``_build``); kubernetes: never (the base's table stands);
+    * inspect: a detector only strengthened (off → report → deny), decoding only on,
+      ``refuse`` past the limit, more name limits (``_tighten_inspect_table``).
     """
     fs = raw.get("filesystem", {})
     workspace = base.filesystem.workspace
@@ -806,6 +815,7 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         ),
         mcp=mcp,
         container=container,
+        inspect=_tighten_inspect_table(base.inspect, ws.inspect, raw.get("inspect", {}), v),
     )
     if base.network.strict or ws.network.strict:
         # A workspace file may turn asking off (that only tightens), never back on.
@@ -1191,6 +1201,72 @@ def _tighten_inspect(
         b.secret_files + w.secret_files, b.secret_env + w.secret_env, b.canaries + w.canaries
     )
     return rules, labels
+
+
+_PAST_LIMIT = ("scan-raw", "refuse")
+
+
+def _inspect_table(table: Mapping[str, Any], v: _Validator) -> InspectPolicy:
+    """Validate ``[inspect]``: detector actions and decoding (docs/inspect.md)."""
+    d = InspectPolicy()
+    raw_detectors = table.get("detectors", {})
+    if not isinstance(raw_detectors, dict):
+        raise v.fail(
+            "inspect.detectors", raw_detectors, 'expected a table, e.g. { jwt = "report" }'
+        )
+    detectors: list[tuple[str, str]] = []
+    for name, action in raw_detectors.items():
+        if name not in DETECTOR_NAMES:
+            raise v.fail(
+                f"inspect.detectors.{name}",
+                action,
+                f"unknown detector; the detectors are {', '.join(DETECTOR_NAMES)}",
+            )
+        if action not in DETECTOR_ACTIONS:
+            raise v.fail(f"inspect.detectors.{name}", action, 'expected "deny", "report" or "off"')
+        detectors.append((name, action))
+    past = table.get("past_limit", d.past_limit)
+    if past not in _PAST_LIMIT:
+        raise v.fail("inspect.past_limit", past, 'expected "scan-raw" or "refuse"')
+    return InspectPolicy(
+        detectors=tuple(sorted(detectors)),
+        decode=v.boolean("inspect.decode", table.get("decode", d.decode)),
+        decode_limit=v.size("inspect.decode_limit", table.get("decode_limit", d.decode_limit)),
+        past_limit=past,
+    )
+
+
+def _tighten_inspect_table(
+    base: InspectPolicy, ws: InspectPolicy, table: Mapping[str, Any], v: _Validator
+) -> InspectPolicy:
+    """A workspace ``[inspect]`` may only search more: a detector from off to report or
+    deny (never back), decoding on, ``refuse`` past the limit, a larger limit."""
+    strength = {a: i for i, a in enumerate(reversed(DETECTOR_ACTIONS))}
+    ours, theirs = base.actions(), ws.actions()
+    given = dict(ws.detectors)
+    merged: dict[str, str] = {}
+    for name in DETECTOR_NAMES:
+        action = ours[name]
+        if name in given:
+            if strength[theirs[name]] < strength[action]:
+                raise v.fail(f"inspect.detectors.{name}", theirs[name], _WIDEN_FIX)
+            action = theirs[name]
+        if action != "deny":
+            merged[name] = action
+    if base.decode and "decode" in table and not ws.decode:
+        raise v.fail("inspect.decode", False, _WIDEN_FIX)
+    if base.past_limit == "refuse" and "past_limit" in table and ws.past_limit != "refuse":
+        raise v.fail("inspect.past_limit", ws.past_limit, _WIDEN_FIX)
+    return InspectPolicy(
+        detectors=tuple(sorted(merged.items())),
+        decode=base.decode or ("decode" in table and ws.decode),
+        decode_limit=(
+            max(base.decode_limit, ws.decode_limit)
+            if "decode_limit" in table
+            else base.decode_limit
+        ),
+        past_limit="refuse" if "refuse" in (base.past_limit, ws.past_limit) else "scan-raw",
+    )
 
 
 # --- end inspect ------------------------------------------------------------------------

@@ -118,6 +118,53 @@ class Labels:
         return bool(self.secret_files or self.secret_env or self.canaries)
 
 
+#: the credential detectors (``egress/inspect/_detectors.py`` defines them; the loader
+#: checks ``[inspect.detectors]`` against these names, and a test keeps the two equal)
+DETECTOR_NAMES = (
+    "private_key",
+    "aws_access_key",
+    "aws_secret_key",
+    "github_token",
+    "gitlab_token",
+    "slack_token",
+    "stripe_key",
+    "anthropic_key",
+    "openai_key",
+    "google_api_key",
+    "npm_token",
+    "pypi_token",
+    "jwt",
+    "authorization",
+    "basic_auth",
+)
+#: what a detector may be set to, weakest last
+DETECTOR_ACTIONS = ("deny", "report", "off")
+
+
+@record
+class InspectPolicy:
+    """``[inspect]``: credential detectors and decoding on inspected hosts."""
+
+    #: ``(detector, action)`` set by the policy; every other detector is ``deny``
+    detectors: tuple[tuple[str, str], ...] = ()
+    #: search decoded views (base64, hex, nested percent, escapes, gzip...) too
+    decode: bool = True
+    #: request-body bytes decoded per request
+    decode_limit: int = 16 * 1024 * 1024
+    #: past ``decode_limit``: "scan-raw" (search raw bytes only) or "refuse" (413)
+    past_limit: str = "scan-raw"
+
+    def actions(self) -> dict[str, str]:
+        """Every detector's action."""
+        given = dict(self.detectors)
+        return {name: given.get(name, "deny") for name in DETECTOR_NAMES}
+
+    @property
+    def default(self) -> bool:
+        """True when nothing differs from the defaults (then it is left out of digests)."""
+        return self == InspectPolicy()
+
+
 # --- end inspect ----------------------------------------------------------------------
 
 
@@ -281,6 +328,8 @@ class Policy:
     secrets: tuple[BoundSecret, ...] = ()
     #: labelled data (``[labels]``)
     labels: Labels = field(default_factory=Labels)
+    #: credential detectors and decoding (``[inspect]``)
+    inspect: InspectPolicy = field(default_factory=InspectPolicy)
     #: where the gateway may apply it (``[kubernetes]``)
     kubernetes: KubernetesPolicy = field(default_factory=KubernetesPolicy)
     #: ``[mcp]``: the MCP server's asking
@@ -360,6 +409,14 @@ class Policy:
                 "secret_files": list(self.labels.secret_files),
                 "secret_env": list(self.labels.secret_env),
                 "canaries": list(self.labels.canaries),
+            }
+        if not self.inspect.default:
+            # Only when set, so that the digest of every other policy stays as it was.
+            data["inspect"] = {
+                "detectors": dict(self.inspect.detectors),
+                "decode": self.inspect.decode,
+                "decode_limit": self.inspect.decode_limit,
+                "past_limit": self.inspect.past_limit,
             }
         if self.kubernetes.configured:
             data["kubernetes"] = {

@@ -123,6 +123,27 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "secret_env": Key("strs", "[]", "variables of the caller whose values never leave"),
         "canaries": Key("strs", "[]", "canary tokens that never leave"),
     },
+    "inspect": {
+        "detectors": Key(
+            "detector_actions",
+            "{}",
+            '{ NAME = "deny" | "report" | "off" }: credential detectors on inspected hosts '
+            "(every one denies unless set; names and false-positive stances in "
+            "docs/inspect.md); a workspace file may only strengthen one",
+        ),
+        "decode": Key(
+            "bool",
+            "true",
+            "also search decoded views (base64 any alignment, hex, nested percent, escapes, "
+            "quoted-printable, gzip) for labels and detectors",
+        ),
+        "decode_limit": Key("size", '"16MiB"', "request-body bytes decoded per request"),
+        "past_limit": Key(
+            "past_limit",
+            '"scan-raw"',
+            'past decode_limit: "scan-raw" (search the raw bytes only) or "refuse" (413)',
+        ),
+    },
     # --- end inspect ---
     "kubernetes": {
         "namespaces": Key(

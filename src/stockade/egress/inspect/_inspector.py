@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stockade.egress.inspect._content import ContentCheck, ContentScanner, Hit
+from stockade.egress.inspect._detectors import DetectorSet
 from stockade.egress.inspect._http import (
     Headers,
     Refusal,
@@ -35,7 +37,7 @@ from stockade.egress.inspect._secrets import (
     label_patterns,
     with_encodings,
 )
-from stockade.policy import Decision, Policy, Reason
+from stockade.policy import Decision, InspectPolicy, Policy, Reason, Verdict
 from stockade.policy._hosts import ip_literal, normalize_host
 from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
 from stockade.policy._inspect import InspectScope, echo_refusal
@@ -61,6 +63,9 @@ class RequestRecord:
     upstream: str = ""
     #: that proxy's answer to the tunnel the request travelled in (0: none)
     upstream_status: int = 0
+    #: the credential detector that matched, and where ("query (base64)"); never the value
+    detector: str = ""
+    found_in: str = ""
 
     def fields(self) -> dict[str, object]:
         """The event fields (never a secret or label value)."""
@@ -79,6 +84,10 @@ class RequestRecord:
             out["secrets"] = list(self.secrets)
         if self.label:
             out["label"] = self.label
+        if self.detector:
+            out["detector"] = self.detector
+        if self.found_in:
+            out["found_in"] = self.found_in
         if self.upstream:
             out["upstream"] = self.upstream
             out["upstream_status"] = self.upstream_status
@@ -95,6 +104,8 @@ class HostScans:
     labels: PatternSet
     #: both, for the body
     body: PatternSet
+    #: credential detectors, and labels and secrets in decoded views
+    content: ContentCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +122,8 @@ class RequestPlan:
     #: "gzip" or "deflate" when the body must be decoded to be scanned
     encoding: str | None
     chunked: bool
+    #: detectors and decoded views for the body (None: nothing beyond ``scan``)
+    content: ContentCheck | None = None
 
 
 class Inspector:
@@ -124,9 +137,12 @@ class Inspector:
         *,
         labels_configured: bool | None = None,
         encodings: bool = True,
+        inspect: InspectPolicy | None = None,
     ) -> None:
         """``encodings`` False searches exact bytes only (the URL also percent-decoded),
-        as stockade did before encodings were searched: only for measuring their cost."""
+        as stockade did before encodings were searched: only for measuring their cost.
+        ``inspect``: detector actions and decoding (``[inspect]``; the defaults: every
+        detector denies, decoding on)."""
         self.rules = rules or RuleSet(())
         self.secrets = secrets or SecretStore()
         self.labels = tuple(labels)
@@ -138,6 +154,8 @@ class Inspector:
             tuple(h for s in self.secrets.secrets for h in s.hosts),
             self.labels_configured,
         )
+        self.inspect_policy = inspect or InspectPolicy()
+        self.detectors = DetectorSet(self.inspect_policy.actions())
         self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
         self._scans: dict[tuple[str, int], HostScans] = {}
 
@@ -163,6 +181,7 @@ class Inspector:
             labels,
             labels_configured=policy.labels.configured,
             encodings=encodings,
+            inspect=policy.inspect,
         )
 
     def inspects(self, host: str, port: int) -> bool:
@@ -193,13 +212,23 @@ class Inspector:
         if cached is None:
             given = self.patterns(host, port)
             every = with_encodings(given) if self.encodings else list(given)
-            cached = HostScans(
-                PatternSet([p for p in every if p.kind == "secret"], percent=self.encodings),
-                PatternSet([p for p in every if p.kind == "label"], percent=self.encodings),
-                PatternSet(every, percent=self.encodings),
+            secrets = PatternSet([p for p in every if p.kind == "secret"], percent=self.encodings)
+            labels = PatternSet([p for p in every if p.kind == "label"], percent=self.encodings)
+            # Decoded views are searched for the raw values (a view is already decoded).
+            content = ContentCheck(
+                PatternSet([p for p in given if p.kind == "secret"]),
+                PatternSet([p for p in given if p.kind == "label"]),
+                self.detectors,
+                decode=self.inspect_policy.decode,
             )
+            cached = HostScans(secrets, labels, PatternSet(every, percent=self.encodings), content)
             self._scans[key] = cached
         return cached
+
+    def body_scanner(self, plan: RequestPlan) -> ContentScanner:
+        """The rolling search for the body of a request planned by :meth:`head`."""
+        empty = ContentCheck(PatternSet(), PatternSet(), DetectorSet({}), decode=False)
+        return ContentScanner(plan.scan, plan.content or empty, self.inspect_policy)
 
     def head(
         self,
@@ -286,9 +315,13 @@ class Inspector:
             out, injected = bind_credentials(out, norm.query, bound)
             record.secrets = injected
             redact = self.secrets.redactions(host, port)
+        # 4b. credential detectors, and labels in decoded views (docs/inspect.md)
+        if scans.content:
+            carriers = CREDENTIAL_HEADERS | {s.header for s in bound} if bound else frozenset()
+            _check_content(record, scans.content, method, target, headers, carriers)
         # 5. body framing and encoding (labels in the body are scanned while streaming)
         chunked = bool(header_values(headers, b"transfer-encoding"))
-        encoding = _content_encoding(headers, needed=bool(scans.body))
+        encoding = _content_encoding(headers, needed=bool(scans.body) or bool(scans.content))
         forwarded = end_to_end(out, drop=(b"host",))
         forwarded.insert(0, (b"host", header_values(headers, b"host")[0]))
         if chunked:
@@ -297,7 +330,16 @@ class Inspector:
             # An echoed credential must be readable to be redacted: ask for no compression.
             forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
             forwarded.append((b"accept-encoding", b"identity"))
-        return RequestPlan(decision, norm, forwarded, scans.body, redact, encoding, chunked)
+        return RequestPlan(
+            decision,
+            norm,
+            forwarded,
+            scans.body,
+            redact,
+            encoding,
+            chunked,
+            scans.content if scans.content else None,
+        )
 
     def _scan_method(self, record: RequestRecord) -> None:
         """Refuse a request whose method carries a foreign secret or a labelled value."""
@@ -365,3 +407,61 @@ def _content_encoding(headers: Headers, *, needed: bool) -> str | None:
         f"Content-Encoding {b', '.join(values).decode('latin-1')[:60]} cannot be scanned; "
         "send the body as identity, gzip or deflate",
     )
+
+
+def _check_content(
+    record: RequestRecord,
+    content: ContentCheck,
+    method: str,
+    target: bytes,
+    headers: Headers,
+    carriers: frozenset[bytes],
+) -> None:
+    """Detectors (raw and decoded) and labels (decoded) on each part of a request head.
+
+    ``carriers``: on a host with bound secrets, the credential headers, which
+    :func:`~._secrets.bind_credentials` has checked hold only placeholders (the bound
+    credential to its own host is not a finding).
+    """
+    raw_path, sep, query = target.partition(b"?")
+    parts: list[tuple[str, bytes]] = [("method", method.encode()), ("path", raw_path)]
+    if sep:
+        parts.append(("query", query))
+    parts += [
+        (f"header {name.decode('latin-1')}", name + b": " + value)
+        for name, value in headers
+        if name not in carriers
+    ]
+    hit = content.search_head(parts)
+    if hit is None:
+        return
+    note_hit(record, hit)
+    if hit.action == "deny":
+        if hit.where.startswith("path"):
+            # The event's path would carry the value: name the finding, never the value.
+            record.path = f"[withheld: {hit.reason}]"
+        raise hit.refusal()
+
+
+def note_hit(record: RequestRecord, hit: Hit) -> None:
+    """Put what was found (never the value) in the request's event."""
+    if hit.kind == "detector":
+        if not record.detector:
+            record.detector, record.found_in = hit.name, hit.where
+    else:
+        record.label = hit.name
+        record.found_in = hit.where
+
+
+def reported(decision: Decision, record: RequestRecord) -> Decision:
+    """The event's decision: a request let through with a detector on ``report`` that
+    matched gets verdict ``report`` (reason ``credential-detected``)."""
+    if record.detector and decision.verdict is Verdict.ALLOW:
+        return Decision(
+            Verdict.REPORT,
+            decision.layer,
+            Reason.CREDENTIAL_DETECTED,
+            decision.rule,
+            f"report only: credential {record.detector} in the {record.found_in}",
+        )
+    return decision

@@ -30,10 +30,17 @@ import h11
 from stockade.audit._sink import AuditCallback, AuditSink, as_sink
 from stockade.egress._rules import parse_address
 from stockade.egress.inspect._ca import CertificateAuthority
+from stockade.egress.inspect._content import ContentScanner, Detected
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
-from stockade.egress.inspect._inspector import Inspector, RequestPlan, RequestRecord
+from stockade.egress.inspect._inspector import (
+    Inspector,
+    RequestPlan,
+    RequestRecord,
+    note_hit,
+    reported,
+)
 from stockade.egress.inspect._rules import LAYER
-from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer, StreamScanner
+from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer
 from stockade.egress.inspect._tls import ServerContexts, TLSStream, UpstreamPool, upstream_context
 from stockade.egress.upstream import Transport, UpstreamRefused, UpstreamUnreachable
 from stockade.policy import Decision, Policy, Reason
@@ -322,7 +329,7 @@ class InspectingTunnel:
                 self._trailers(plan, record, event)
                 break
         self.stats.max_buffered = max(self.stats.max_buffered, len(body))
-        scanner = StreamScanner(plan.scan)
+        scanner = self.layer.inspector.body_scanner(plan)
         try:
             for chunk in decode_body(bytes(body), plan.encoding, self.layer.max_decoded_body):
                 _scan(scanner, chunk, record)
@@ -330,7 +337,7 @@ class InspectingTunnel:
             raise Refusal(400, Reason.BAD_REQUEST, str(exc)) from None
         except OverflowError as exc:
             raise Refusal(413, Reason.BODY_TOO_LARGE, str(exc)) from None
-        _scan(scanner, scanner.finish(), record)
+        _finish(scanner, record)
         return bytes(body)
 
     async def _send_request(
@@ -384,7 +391,7 @@ class InspectingTunnel:
         plan: RequestPlan,
         record: RequestRecord,
     ) -> None:
-        scanner = StreamScanner(plan.scan)
+        scanner = self.layer.inspector.body_scanner(plan)
         while True:
             event = await _next(client, stream, self.layer.idle_timeout)
             if isinstance(event, h11.Data):
@@ -396,7 +403,7 @@ class InspectingTunnel:
                 if clean:
                     await _send(up, upstream, h11.Data(data=clean))
             elif isinstance(event, h11.EndOfMessage):
-                rest = scanner.finish()
+                rest = _finish(scanner, record)
                 if rest:
                     await _send(up, upstream, h11.Data(data=rest))
                 trailers = self._trailers(plan, record, event)
@@ -538,6 +545,7 @@ class InspectingTunnel:
         return False
 
     def _emit(self, decision: Decision, record: RequestRecord) -> None:
+        decision = reported(decision, record)
         fields = record.fields()
         if record.detail and not decision.detail:
             fields["detail"] = record.detail
@@ -547,14 +555,32 @@ class InspectingTunnel:
 # -- helpers -------------------------------------------------------------------------------
 
 
-def _scan(scanner: StreamScanner, data: bytes, record: RequestRecord) -> bytes:
+def _scan(scanner: ContentScanner, data: bytes, record: RequestRecord) -> bytes:
     try:
-        return scanner.feed(data)
+        clean = scanner.feed(data)
+    except Detected as detected:
+        note_hit(record, detected.hit)
+        raise detected.hit.refusal() from None
     except Found as found:
         record.label = found.pattern.label
         raise Refusal(
             403, found.pattern.reason, f"{found.pattern.where} in the request body"
         ) from None
+    for hit in scanner.reports:
+        note_hit(record, hit)
+    return clean
+
+
+def _finish(scanner: ContentScanner, record: RequestRecord) -> bytes:
+    """The scanner's held-back bytes, searched once more as the end of the body."""
+    try:
+        rest = scanner.finish()
+    except Detected as detected:
+        note_hit(record, detected.hit)
+        raise detected.hit.refusal() from None
+    for hit in scanner.reports:
+        note_hit(record, hit)
+    return rest
 
 
 def decode_body(body: bytes, encoding: str | None, cap: int) -> Iterator[bytes]:
