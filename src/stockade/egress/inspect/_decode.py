@@ -27,6 +27,12 @@ MIME multipart needs no decoder of its own: a part's bytes are in the body as th
 (searched raw), and its ``Content-Transfer-Encoding`` (base64, quoted-printable) is
 undone by the decoders above.
 
+Percent, escapes and quoted-printable are text encodings: in data over
+:data:`WHOLE_DATA` bytes of which over a quarter is outside printable ASCII (an image,
+an archive, decoded random bytes) they are not looked for. In data over
+:data:`WHOLE_DATA` bytes they are undone around each escape (:data:`REGION_MARGIN`
+bytes either side), so their cost follows the escapes, not the size.
+
 Cost is bounded twice: each call decodes at most :data:`BUDGET_FACTOR` times the input
 plus :data:`BUDGET_SLACK` bytes (decompression included) and makes at most
 :data:`MAX_VIEWS` views; a request body is decoded up to ``[inspect] decode_limit``
@@ -50,15 +56,18 @@ BUDGET_FACTOR = 6
 BUDGET_SLACK = 64 * 1024
 #: shortest hex or base64 run decoded (in decoded bytes)
 MIN_RUN_BYTES = 8
+#: base64 runs longer than this are decoded at one offset only (see _offsets)
+LONG_RUN = 64 * 1024
+#: data longer than this has percent and escape decoding applied around each escape
+#: (REGION_MARGIN bytes either side) rather than to the whole of it
+WHOLE_DATA = 4096
+REGION_MARGIN = 512
 #: most raw bytes one decoded byte takes through one chain of decoders within the
 #: documented depth (``%252541`` for ``A``); a stream holds back this many times the
 #: widest match
 EXPANSION = 7
 
-_HEX_PLAIN = re.compile(rb"[0-9A-Fa-f]{16,}")
 _HEX_SEPARATED = re.compile(rb"[0-9A-Fa-f]{2}(?:[:\-, ][0-9A-Fa-f]{2}){7,}")
-_B64_RUN = re.compile(rb"[A-Za-z0-9+/_\-]{16,}(?:(?:\r?\n|\\r\\n|\\n)[A-Za-z0-9+/_\-]{4,})*")
-_B64_BREAKS = re.compile(rb"\r?\n|\\r\\n|\\n")
 _ESCAPE = re.compile(
     rb"\\u(?:[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|[0-9a-fA-F]{4})"
     rb"|\\x[0-9a-fA-F]{2}|\\[\\/\"'bfnrt]"
@@ -80,9 +89,41 @@ _GZIP_MAGIC = b"\x1f\x8b\x08"
 _MAX_INFLATE_TRIES = 4
 
 
+_PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
+_BACKSLASH = re.compile(rb"\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\[\\/\"'bfnrt]")
+
+
+def _regions(data: bytes, escape: re.Pattern[bytes]) -> bytes | None:
+    """``data`` itself when short; else the pieces around each escape, joined by
+    newlines (so decoding a large body costs per escape, not per byte)."""
+    if len(data) <= WHOLE_DATA:
+        return data
+    spans: list[list[int]] = []
+    for m in escape.finditer(data):
+        lo, hi = max(m.start() - REGION_MARGIN, 0), m.end() + REGION_MARGIN
+        if spans and lo <= spans[-1][1]:
+            spans[-1][1] = hi
+        else:
+            spans.append([lo, hi])
+    if not spans:
+        return None
+    return b"\n".join(data[lo:hi] for lo, hi in spans)
+
+
+_TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
+def _binary(data: bytes) -> bool:
+    """True for data of which over a quarter is outside printable ASCII (an image, an
+    archive, a decoded base64 run): text escapes are not looked for in it."""
+    return len(data) > WHOLE_DATA and len(data.translate(None, _TEXT)) * 4 > len(data)
+
+
 def _percent(data: bytes, budget: int) -> Iterator[bytes]:
-    if b"%" in data:
-        yield unquote_to_bytes(data)
+    if b"%" in data and not _binary(data):
+        region = _regions(data, _PERCENT)
+        if region is not None:
+            yield unquote_to_bytes(region)
 
 
 def _unescape_one(m: re.Match[bytes]) -> bytes:
@@ -103,21 +144,57 @@ def _unescape_one(m: re.Match[bytes]) -> bytes:
 
 
 def _escapes(data: bytes, budget: int) -> Iterator[bytes]:
-    if b"\\" in data:
-        yield _ESCAPE.sub(_unescape_one, data)
+    if b"\\" in data and not _binary(data):
+        region = _regions(data, _BACKSLASH)
+        if region is not None:
+            yield _ESCAPE.sub(_unescape_one, region)
+
+
+def _runs(data: bytes, table: bytes, shortest: int) -> list[bytes]:
+    # Runs of one alphabet, found in C: the alphabet becomes 1 and the rest 0, then
+    # ``find`` jumps from long run to long run. (A regular expression such as
+    # [0-9a-f]{16,} steps through every byte at about 10 MB/s in ``re``.)
+    mask = data.translate(table)
+    needle = b"\x01" * shortest
+    out: list[bytes] = []
+    at = mask.find(needle)
+    while at >= 0:
+        end = mask.find(b"\x00", at + shortest)
+        if end < 0:
+            end = len(data)
+        out.append(data[at:end])
+        at = mask.find(needle, end)
+    return out
+
+
+def _table(alphabet: bytes) -> bytes:
+    return bytes(1 if c in alphabet else 0 for c in range(256))
+
+
+_HEX_CHARS = b"0123456789abcdefABCDEF"
+_HEX_TABLE = _table(_HEX_CHARS)
+_B64_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
+_B64_TABLE = _table(_B64_CHARS)
+#: hex digits to "h", the separators to "s", the rest to "."; eight separated bytes
+_SEP_TABLE = bytes(0x68 if c in _HEX_CHARS else 0x73 if c in b":-, " else 0x2E for c in range(256))
+_SEP_RUN = b"hhs" * 7 + b"hh"
 
 
 def _hex(data: bytes, budget: int) -> Iterator[bytes]:
     pieces: list[bytes] = []
-    for m in _HEX_PLAIN.finditer(data):
-        run = m.group(0)
+    for run in _runs(data, _HEX_TABLE, 2 * MIN_RUN_BYTES):
         # Both alignments: the run may start on the second nibble of a byte.
         for start in (0, 1):
             part = run[start:]
             pieces.append(binascii.unhexlify(part[: len(part) // 2 * 2]))
-    for m in _HEX_SEPARATED.finditer(data):
-        run = m.group(0)
-        pieces.append(_unsep(run))
+    shape = data.translate(_SEP_TABLE)
+    at = shape.find(_SEP_RUN)
+    while at >= 0:
+        m = _HEX_SEPARATED.match(data, at)
+        if m is None:  # pragma: no cover - the shape guarantees a match
+            break
+        pieces.append(_unsep(m.group(0)))
+        at = shape.find(_SEP_RUN, m.end())
     if pieces:
         yield b"\n".join(pieces)
 
@@ -126,16 +203,41 @@ def _unsep(run: bytes) -> bytes:
     return binascii.unhexlify(b"".join(run[i : i + 2] for i in range(0, len(run), 3)))
 
 
+def _looks_base64(run: bytes) -> bool:
+    # Encoded data mixes cases and digits; a long word or a hex digest does not (a hex
+    # run is the hex decoder's, and 16 base64 characters that are all hex digits are
+    # improbable: (22/64)**16).
+    if run.translate(None, _HEX_CHARS) == b"":
+        return False
+    return run.lower() != run and run.upper() != run
+
+
+def _offsets(run: bytes) -> range | tuple[int]:
+    # A run cut out of a larger stream, or behind a few junk characters, may start
+    # anywhere in a 4-character quantum: a short run is decoded at all four offsets. A
+    # long one (an image, a file) is decoded once, as it stands: four decodings of it
+    # would cost four times the search, and a key hidden by misaligning a run of over
+    # LONG_RUN characters is the documented gap.
+    return range(4) if len(run) <= LONG_RUN else (0,)
+
+
 def _base64(data: bytes, budget: int) -> Iterator[bytes]:
+    # Line-wrapped base64 (MIME, PEM) is one run once the line breaks are gone.
+    flat = data.replace(b"\r", b"").replace(b"\n", b"") if b"\n" in data else data
     pieces: list[bytes] = []
     size = 0
-    for m in _B64_RUN.finditer(data):
-        run = _B64_BREAKS.sub(b"", m.group(0)).translate(_TO_STD)
-        for start in range(4):
+    for raw in _runs(flat, _B64_TABLE, 16):
+        if not _looks_base64(raw):
+            continue
+        run = raw.translate(_TO_STD)
+        for start in _offsets(run):
             part = run[start:]
-            part = part[: len(part) // 4 * 4]
             if len(part) < 4 * -(-MIN_RUN_BYTES // 3):
                 break
+            rem = len(part) % 4
+            # The padding is not part of a run: put it back (one spare character is
+            # never a whole byte, so it goes).
+            part = part[:-1] if rem == 1 else part + b"=" * (-rem % 4)
             decoded = binascii.a2b_base64(part)
             pieces.append(decoded)
             size += len(decoded)
@@ -145,9 +247,18 @@ def _base64(data: bytes, budget: int) -> Iterator[bytes]:
         yield b"\n".join(pieces)
 
 
+_QP_BREAK = re.compile(rb"=\r?\n")
+
+
 def _quoted_printable(data: bytes, budget: int) -> Iterator[bytes]:
-    if b"=\r\n" in data or b"=\n" in data or b"quoted-printable" in data.lower():
+    if _binary(data):
+        return
+    if b"quoted-printable" in data.lower():
         yield binascii.a2b_qp(data)
+    elif b"=\n" in data or b"=\r\n" in data:
+        region = _regions(data, _QP_BREAK)
+        if region is not None:
+            yield binascii.a2b_qp(region)
 
 
 def _inflate_at(data: bytes, budget: int) -> bytes:

@@ -182,9 +182,9 @@ DETECTORS: tuple[Detector, ...] = (
         "slack_token",
         "Slack token or webhook (xoxb-, xoxp-, hooks.slack.com)",
         _rx(
-            rb"(?<![A-Za-z0-9])(?:xox[abposre]-[0-9]{6,}-[A-Za-z0-9\-]{8,200}"
-            rb"|xapp-[0-9]-[A-Z0-9]{6,}-[0-9]{6,}-[a-f0-9]{16,}"
-            rb"|hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,})"
+            rb"(?<![A-Za-z0-9])(?:xox[abposre]-[0-9]{6,20}-[A-Za-z0-9\-]{8,200}"
+            rb"|xapp-[0-9]-[A-Z0-9]{6,20}-[0-9]{6,20}-[a-f0-9]{16,100}"
+            rb"|hooks\.slack\.com/services/T[A-Z0-9]{6,20}/B[A-Z0-9]{6,20}/[A-Za-z0-9]{16,64})"
         ),
         (
             b"xoxa-",
@@ -203,7 +203,7 @@ DETECTORS: tuple[Detector, ...] = (
         "stripe_key",
         "Stripe secret or restricted key, webhook secret",
         _rx(
-            rb"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[A-Za-z0-9]{24,})"
+            rb"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,247}|whsec_[A-Za-z0-9]{24,100})"
         ),
         (b"sk_live_", b"sk_test_", b"rk_live_", b"rk_test_", b"whsec_"),
         "secret (sk_), restricted (rk_) and webhook (whsec_) keys; publishable keys "
@@ -232,7 +232,7 @@ DETECTORS: tuple[Detector, ...] = (
         "Google API key, OAuth client secret or access token",
         _rx(
             rb"(?<![A-Za-z0-9_\-])(?:AIza[0-9A-Za-z_\-]{35}|GOCSPX-[0-9A-Za-z_\-]{28}"
-            rb"|ya29\.[0-9A-Za-z_\-]{20,})(?![A-Za-z0-9_\-])"
+            rb"|ya29\.[0-9A-Za-z_\-]{20,300})(?![A-Za-z0-9_\-])"
         ),
         (b"AIza", b"GOCSPX-", b"ya29."),
         "AIza + 35 characters standing alone, GOCSPX- client secrets, ya29. tokens; inside "
@@ -248,7 +248,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "pypi_token",
         "PyPI API token (pypi-AgEIcHlwaS5vcmc...)",
-        _rx(rb"pypi-AgE(?:IcHlwaS5vcmc|NdGVzdC5weXBpLm9yZw)[A-Za-z0-9_\-]{40,}"),
+        _rx(rb"pypi-AgE(?:IcHlwaS5vcmc|NdGVzdC5weXBpLm9yZw)[A-Za-z0-9_\-]{40,300}"),
         (b"pypi-AgE",),
         "pypi- and the macaroon naming pypi.org or test.pypi.org",
     ),
@@ -266,7 +266,7 @@ DETECTORS: tuple[Detector, ...] = (
         "Bearer, token or Basic credential (in a header or a dump of one)",
         _rx(
             rb"(?i)(?<![a-z0-9-])(?:proxy-)?authorization[\"']?\s{0,4}[:=]\s{0,4}[\"']?"
-            rb"(?:bearer|token)\s+([A-Za-z0-9._~+/=\-]{12,})"
+            rb"(?:bearer|token)\s+([A-Za-z0-9._~+/=\-]{12,300})"
         ),
         (b"authorization",),
         "a Bearer/token credential in an Authorization header (sent, or written in a body) "
@@ -279,7 +279,7 @@ DETECTORS: tuple[Detector, ...] = (
         "HTTP Basic credential",
         _rx(
             rb"(?i)(?<![a-z0-9-])(?:proxy-)?authorization[\"']?\s{0,4}[:=]\s{0,4}[\"']?"
-            rb"basic\s+([A-Za-z0-9+/]{4,}={0,2})"
+            rb"basic\s+([A-Za-z0-9+/]{4,300}={0,2})"
         ),
         (b"authorization",),
         "Basic and base64 of user:password; other words after Basic are not",
@@ -289,6 +289,20 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}
+
+#: shorter literals, one of which each of a detector's anchors contains: the first,
+#: cheap test (about 20 ``find`` calls per piece of data instead of 50)
+_HINTS: dict[str, tuple[bytes, ...]] = {
+    "aws_access_key": (b"IA", b"ACCA", b"A3T"),
+    "aws_secret_key": (b"secret",),
+    "github_token": (b"gh",),
+    "gitlab_token": (b"gl",),
+    "slack_token": (b"xox", b"xapp-", b"hooks.slack.com/"),
+    "stripe_key": (b"k_", b"whsec_"),
+    "anthropic_key": (b"sk-",),
+    "openai_key": (b"sk-", b"T3BlbkFJ"),
+    "basic_auth": (b"authorization",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,8 +326,8 @@ class DetectorSet:
         given = dict(actions or {})
         self.actions = {d.name: given.get(d.name, "deny") for d in DETECTORS}
         self.detectors = tuple(d for d in DETECTORS if self.actions[d.name] != "off")
-        self._plain = tuple(a for d in self.detectors if not d.folded for a in d.anchors)
-        self._folded = tuple(a for d in self.detectors if d.folded for a in d.anchors)
+        self._plain = _unique(h for d in self.detectors if not d.folded for h in _hints(d))
+        self._folded = _unique(h for d in self.detectors if d.folded for h in _hints(d))
         self._anchors = {d.name: d.anchors for d in self.detectors}
         #: longest raw match (a stream holds back this less one)
         self.span = MAX_MATCH if self.detectors else 0
@@ -321,17 +335,29 @@ class DetectorSet:
     def __bool__(self) -> bool:
         return bool(self.detectors)
 
-    def _candidates(self, data: bytes) -> Iterable[Detector]:
-        plain = self._plain and max(map(data.find, self._plain)) >= 0
+    def _anchored(self, data: bytes) -> list[tuple[Detector, list[int]]]:
+        """The detectors with an anchor in ``data``, and where their anchors are."""
+        plain = bool(self._plain) and max(map(data.find, self._plain)) >= 0
         lowered = data.lower() if self._folded else b""
-        folded = self._folded and max(map(lowered.find, self._folded)) >= 0
+        folded = bool(self._folded) and max(map(lowered.find, self._folded)) >= 0
         if not plain and not folded:
-            return ()
-        return [
-            d
-            for d in self.detectors
-            if any(a in (lowered if d.folded else data) for a in d.anchors)
-        ]
+            return []
+        out: list[tuple[Detector, list[int]]] = []
+        for d in self.detectors:
+            if (d.folded and not folded) or (not d.folded and not plain):
+                continue
+            hay = lowered if d.folded else data
+            if not any(h in hay for h in _hints(d)):
+                continue
+            spots: list[int] = []
+            for anchor in d.anchors:
+                at = hay.find(anchor)
+                while at >= 0 and len(spots) < _MAX_SPOTS:
+                    spots.append(at)
+                    at = hay.find(anchor, at + 1)
+            if spots:
+                out.append((d, sorted(spots)))
+        return out
 
     def search(self, data: bytes, *, open_end: bool = False) -> Finding | None:
         """The first finding in ``data`` (deny findings before report ones), or None.
@@ -339,13 +365,20 @@ class DetectorSet:
         ``open_end``: ``data`` is a stream's window that more bytes will follow; a match
         ending at its very end is left for the next window (which holds it again), since
         the bytes after it may make it no match (a boundary) or a longer one.
+
+        Each detector's expression runs only around its anchors (``re`` finds no literal
+        prefix behind a look-behind, so a search of the whole data would step through
+        it at a few MB/s).
         """
         report: Finding | None = None
-        for d in self._candidates(data):
-            for m in d.regex.finditer(data):
-                if open_end and m.end() >= len(data):
-                    continue
-                if d.check is not None and not d.check(m):
+        for d, spots in self._anchored(data):
+            done = -1
+            for at in spots:
+                start = max(at - _BEFORE_ANCHOR, done, 0)
+                end = min(at + MAX_MATCH, len(data))
+                m = _first_valid(d, data, start, end, open_end=open_end)
+                done = max(done, at)
+                if m is None:
                     continue
                 action = self.actions[d.name]
                 if action == "deny":
@@ -354,6 +387,33 @@ class DetectorSet:
                     report = Finding(d.name, action, m.end())
                 break
         return report
+
+
+#: how far before an anchor a match may start (the key name before an AWS secret, the
+#: part of a legacy OpenAI key before its marker)
+_BEFORE_ANCHOR = 128
+#: most anchor positions looked at per detector and search (a body full of "eyJ" costs
+#: a bounded number of regex runs; past that the first ones are what is searched)
+_MAX_SPOTS = 256
+
+
+def _hints(d: Detector) -> tuple[bytes, ...]:
+    return _HINTS.get(d.name, d.anchors)
+
+
+def _unique(items: Iterable[bytes]) -> tuple[bytes, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _first_valid(
+    d: Detector, data: bytes, start: int, end: int, *, open_end: bool
+) -> re.Match[bytes] | None:
+    for m in d.regex.finditer(data, start, end):
+        if open_end and m.end() >= len(data):
+            continue
+        if d.check is None or d.check(m):
+            return m
+    return None
 
 
 def reference_rows() -> list[tuple[str, str, str]]:

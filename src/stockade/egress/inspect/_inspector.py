@@ -216,8 +216,8 @@ class Inspector:
             labels = PatternSet([p for p in every if p.kind == "label"], percent=self.encodings)
             # Decoded views are searched for the raw values (a view is already decoded).
             content = ContentCheck(
-                PatternSet([p for p in given if p.kind == "secret"]),
-                PatternSet([p for p in given if p.kind == "label"]),
+                PatternSet([p for p in given if p.kind == "secret"], percent=False),
+                PatternSet([p for p in given if p.kind == "label"], percent=False),
                 self.detectors,
                 decode=self.inspect_policy.decode,
             )
