@@ -593,6 +593,11 @@ class EgressProxy:
         if not decision.allowed:
             record.decision = decision
             return None
+        refused = self.check_name(host)
+        if refused is not None:
+            # Data in the name itself: refused before any lookup (docs/inspect.md).
+            record.decision = refused
+            return None
         literal = ip_literal(host)
         pin = rules.pin(host)
         if literal is not None:
@@ -650,6 +655,15 @@ class EgressProxy:
         record.address_class = str(first_denied.address_class)
         record.decision = first_denied.decision
         return None
+
+    def check_name(self, host: str) -> Decision | None:
+        """The inspect layer's refusal of a name that carries data (a label, a secret,
+        a credential), asked before any lookup; None when clean or not inspecting."""
+        check = getattr(self.inspect, "check_name", None)
+        if check is None or ip_literal(host) is not None:
+            return None
+        decision: Decision | None = check(host)
+        return decision
 
     def _issued_name(self, host_raw: str) -> str | None:
         assert self.pool is not None

@@ -1225,6 +1225,7 @@ def _inspect_table(table: Mapping[str, Any], v: _Validator) -> InspectPolicy:
         if action not in DETECTOR_ACTIONS:
             raise v.fail(f"inspect.detectors.{name}", action, 'expected "deny", "report" or "off"')
         detectors.append((name, action))
+    names = _name_limits(table.get("names", []), v)
     past = table.get("past_limit", d.past_limit)
     if past not in _PAST_LIMIT:
         raise v.fail("inspect.past_limit", past, 'expected "scan-raw" or "refuse"')
@@ -1233,7 +1234,33 @@ def _inspect_table(table: Mapping[str, Any], v: _Validator) -> InspectPolicy:
         decode=v.boolean("inspect.decode", table.get("decode", d.decode)),
         decode_limit=v.size("inspect.decode_limit", table.get("decode_limit", d.decode_limit)),
         past_limit=past,
+        names=names,
     )
+
+
+def _name_limits(raw: object, v: _Validator) -> tuple[tuple[str, int, int], ...]:
+    if not isinstance(raw, list):
+        raise v.fail("inspect.names", raw, 'expected [{ host = "*.example.com", max_label = 24 }]')
+    out: list[tuple[str, int, int]] = []
+    for i, item in enumerate(raw):
+        key = f"inspect.names[{i}]"
+        if not isinstance(item, dict):
+            raise v.fail(key, item, "expected a table with host, max_label, max_labels")
+        extra = sorted(set(item) - {"host", "max_label", "max_labels"})
+        if extra:
+            raise v.fail(
+                f"{key}.{extra[0]}",
+                item[extra[0]],
+                "unknown key; a limit takes host, max_label, max_labels",
+            )
+        host = item.get("host")
+        if not isinstance(host, str) or not host.startswith("*.") or len(host) < 4:
+            raise v.fail(f"{key}.host", host, 'expected a wildcard pattern, e.g. "*.example.com"')
+        limits = [v.integer(f"{key}.{k}", item.get(k, 0)) for k in ("max_label", "max_labels")]
+        if not any(limits):
+            raise v.fail(key, item, "set max_label, max_labels or both")
+        out.append((host[2:].lower().rstrip("."), limits[0], limits[1]))
+    return tuple(out)
 
 
 def _tighten_inspect_table(
@@ -1266,6 +1293,8 @@ def _tighten_inspect_table(
             else base.decode_limit
         ),
         past_limit="refuse" if "refuse" in (base.past_limit, ws.past_limit) else "scan-raw",
+        # Limits only refuse names: the workspace's are added to the user's.
+        names=base.names + tuple(n for n in ws.names if n not in base.names),
     )
 
 

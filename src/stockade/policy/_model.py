@@ -153,6 +153,8 @@ class InspectPolicy:
     decode_limit: int = 16 * 1024 * 1024
     #: past ``decode_limit``: "scan-raw" (search raw bytes only) or "refuse" (413)
     past_limit: str = "scan-raw"
+    #: ``(suffix, max_label, max_labels)`` for names under ``*.suffix`` (0: no limit)
+    names: tuple[tuple[str, int, int], ...] = ()
 
     def actions(self) -> dict[str, str]:
         """Every detector's action."""
@@ -417,6 +419,10 @@ class Policy:
                 "decode": self.inspect.decode,
                 "decode_limit": self.inspect.decode_limit,
                 "past_limit": self.inspect.past_limit,
+                "names": [
+                    {"host": f"*.{n}", "max_label": a, "max_labels": b}
+                    for n, a, b in self.inspect.names
+                ],
             }
         if self.kubernetes.configured:
             data["kubernetes"] = {

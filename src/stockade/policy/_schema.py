@@ -143,6 +143,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             '"scan-raw"',
             'past decode_limit: "scan-raw" (search the raw bytes only) or "refuse" (413)',
         ),
+        "names": Key(
+            "name_limits",
+            "[]",
+            '[{ host = "*.suffix", max_label = N, max_labels = N }]: names under an allowed '
+            "wildcard with a longer label or more labels below it are refused before any "
+            "lookup (0: no limit); a workspace file may add limits",
+        ),
     },
     # --- end inspect ---
     "kubernetes": {

@@ -269,6 +269,7 @@ class RunProxy:
             # The resolver writes to the run's log; a write that fails closes the proxy.
             sink = FailClosed(audit, proxy.close, "dns")
             self.dns = DnsServer(proxy.rules, proxy.pool, sink, live=live)
+            self.dns.check_name = proxy.check_name
         self._serving: list[Future[None]] = []
         #: the sandbox's namespace, held while grants may add capture ports
         self._netns: Netns | None = None

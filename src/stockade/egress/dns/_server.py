@@ -77,6 +77,9 @@ class DnsServer:
         #: allow-list would be asked about (such a name gets an address too, so that a
         #: client ignoring proxy variables reaches the ask when it connects)
         self.live = live
+        #: set by the runtime: the inspect layer's refusal of a name carrying data (asked
+        #: before an address is issued, so no client connects and nothing looks it up)
+        self.check_name: Callable[[str], Decision | None] | None = None
         self.pool = pool
         self._emit = emit
         self._logged: set[tuple[str, str]] = set()
@@ -118,6 +121,8 @@ class DnsServer:
             if decision.reason is Reason.HOST_NOT_ALLOWED and askable(host):
                 # Still no lookup upstream: the ask, and any DNS, wait for the connection.
                 decision = Decision.allow(LAYER, rule="ask")
+        if decision.allowed and self.check_name is not None:
+            decision = self.check_name(host) or decision
         if not decision.allowed:
             return self._nxdomain(query, decision.reason, decision.detail, decision.rule)
         address = self.pool.issue(host)

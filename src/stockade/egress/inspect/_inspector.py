@@ -26,6 +26,7 @@ from stockade.egress.inspect._http import (
     header_values,
     normalise_target,
 )
+from stockade.egress.inspect._names import NameCheck, NameLimit
 from stockade.egress.inspect._rules import RuleSet
 from stockade.egress.inspect._secrets import (
     CREDENTIAL_HEADERS,
@@ -156,6 +157,7 @@ class Inspector:
         )
         self.inspect_policy = inspect or InspectPolicy()
         self.detectors = DetectorSet(self.inspect_policy.actions())
+        self._names: NameCheck | None = None
         self._patterns: dict[tuple[str, int], tuple[Pattern, ...]] = {}
         self._scans: dict[tuple[str, int], HostScans] = {}
 
@@ -224,6 +226,19 @@ class Inspector:
             cached = HostScans(secrets, labels, PatternSet(every, percent=self.encodings), content)
             self._scans[key] = cached
         return cached
+
+    @property
+    def names(self) -> NameCheck:
+        """The check of host names before lookup: every label and every secret (bound
+        or not: no name should hold one), and the detectors."""
+        if self._names is None:
+            every = [*self.labels]
+            for s in self.secrets.secrets:
+                every.append(Pattern(s.placeholder, f"secret:{s.name}", "secret"))
+                every.append(Pattern(s.value, f"secret:{s.name}", "secret"))
+            limits = [NameLimit(*n) for n in self.inspect_policy.names]
+            self._names = NameCheck(dedupe(every), self.detectors, limits)
+        return self._names
 
     def body_scanner(self, plan: RequestPlan) -> ContentScanner:
         """The rolling search for the body of a request planned by :meth:`head`."""

@@ -162,6 +162,14 @@ class InspectLayer:
         """True when a TLS tunnel to ``host:port`` must be intercepted."""
         return self.inspector.inspects(host, port)
 
+    def check_name(self, host: str) -> Decision | None:
+        """A refusal for a host name that carries a label, a secret or a credential
+        (:mod:`._names`), asked before the name is resolved or looked up; None if clean."""
+        found = self.inspector.names.check(host)
+        if found is None:
+            return None
+        return Decision.deny(LAYER, found.reason, "", found.detail)
+
     async def serve(
         self, sock: socket.socket, host: str, port: int, address: str, initial: bytes = b""
     ) -> TunnelStats:
