@@ -20,7 +20,14 @@ were searched) and one searching every encoding, are measured in the same run, i
 alternating rounds so that load from elsewhere on the machine hits both alike; the
 requests carry a realistic head (query with escapes, user agent, accept headers, a
 cookie). The ratio ``labels_encoded_vs_exact_keepalive`` is the share of requests per
-second kept (target >= 0.9). ``scanner`` times the search alone, in this process: one
+second kept (target >= 0.9); those two run with the credential detectors and decoders
+off (labels only), as before they existed.
+
+**Detectors and decoders** (``full_*``): a third proxy with the same labels plus every
+credential detector and decoder on (the default), measured beside the labels-only
+"encoded" proxy in alternating rounds, keep-alive and fresh; ``full_vs_labels_only_*`` is
+the share of requests per second kept (target >= 0.85), and the main ``inspected_*``
+proxy (detectors and decoders on by default) must stay >= 3x mitmproxy. ``scanner`` times the search alone, in this process: one
 request head, and a body streamed in 64 KiB chunks, exact vs encoded. The last line is
 JSON.
 
@@ -111,7 +118,8 @@ async def _upstream(cert: str, key: str, port_file: str) -> None:
 async def _stockade(
     upstream_port: int, ca_file: str, bundle: str, port_file: str, labels: str = "none"
 ) -> None:
-    """The proxy; ``labels``: "none", or ten labelled values searched "exact" or "encoded"."""
+    """The proxy; ``labels``: "none", or ten labelled values searched "exact" or "encoded"
+    (detectors and decoders off: labels only), or "full" (encoded, detectors, decoders)."""
     from stockade.audit import AuditLog
     from stockade.egress import EgressProxy, EgressRules
     from stockade.egress.inspect import (
@@ -125,6 +133,8 @@ async def _stockade(
     labelled = ""
     if labels != "none":
         labelled = "[labels]\ncanaries = " + json.dumps(labelled_values()) + "\n"
+    if labels in ("exact", "encoded"):
+        labelled += _labels_only_toml()
     policy = parse_policy_text(
         f"""
 [network]
@@ -156,6 +166,20 @@ paths = ["/**"]
     listener.listen(512)
     Path(port_file).write_text(str(listener.getsockname()[1]))
     await proxy.serve_socket(listener)
+
+
+def _labels_only() -> Any:
+    """The ``[inspect]`` of a labels-only inspector: every detector off, no decoding."""
+    from stockade.policy import DETECTOR_NAMES, InspectPolicy
+
+    return InspectPolicy(detectors=tuple((n, "off") for n in DETECTOR_NAMES), decode=False)
+
+
+def _labels_only_toml() -> str:
+    from stockade.policy import DETECTOR_NAMES
+
+    off = ", ".join(f'{n} = "off"' for n in DETECTOR_NAMES)
+    return f"[inspect]\ndecode = false\ndetectors = {{ {off} }}\n"
 
 
 # -- client ----------------------------------------------------------------------------------
@@ -311,8 +335,10 @@ def scanner_cost(body_mb: int) -> dict[str, Any]:
         name, _, value = line.partition(":")
         headers.append((name.strip().lower().encode(), value.strip().encode()))
     blob = b"\n".join(n + b": " + v for n, v in headers)
-    exact = Inspector(labels=labels, encodings=False).scans("h.test", 443)
-    encoded = Inspector(labels=labels).scans("h.test", 443)
+    only = _labels_only()
+    exact = Inspector(labels=labels, encodings=False, inspect=only).scans("h.test", 443)
+    encoded = Inspector(labels=labels, inspect=only).scans("h.test", 443)
+    full_inspector = Inspector(labels=labels)
 
     def before() -> object:
         return (
@@ -350,8 +376,9 @@ def scanner_cost(body_mb: int) -> dict[str, Any]:
         "encoded": per_call_us(lambda: now(encoded)),
     }
     inspector_head = {
-        "exact": per_call_us(whole_head(Inspector(labels=labels, encodings=False))),
-        "encoded": per_call_us(whole_head(Inspector(labels=labels))),
+        "exact": per_call_us(whole_head(Inspector(labels=labels, encodings=False, inspect=only))),
+        "encoded": per_call_us(whole_head(Inspector(labels=labels, inspect=only))),
+        "full": per_call_us(whole_head(full_inspector)),
     }
     data = base64.b64encode(os.urandom(body_mb * 3 * 1024 * 1024 // 4))
     chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
@@ -367,7 +394,29 @@ def scanner_cost(body_mb: int) -> dict[str, Any]:
             best = min(best, time.perf_counter() - t0)
         return round(len(data) / best / 1e6, 1)
 
-    body = {"exact": body_rate(exact.body), "encoded": body_rate(encoded.body)}
+    def full_rate() -> float:
+        # Detectors and decoders on the same body (decoded up to the default limit).
+        plan: Any = full_inspector.head(
+            RequestRecord(method="POST", host="h.test", port=443),
+            "h.test",
+            b"/up",
+            [(b"host", b"h.test"), (b"content-length", str(len(data)).encode())],
+        )
+        best = float("inf")
+        for _ in range(2):
+            scanner = full_inspector.body_scanner(plan)
+            t0 = time.perf_counter()
+            for chunk in chunks:
+                scanner.feed(chunk)
+            scanner.finish()
+            best = min(best, time.perf_counter() - t0)
+        return round(len(data) / best / 1e6, 1)
+
+    body = {
+        "exact": body_rate(exact.body),
+        "encoded": body_rate(encoded.body),
+        "full": full_rate(),
+    }
     return {
         "labels": len(labels),
         "patterns": {"exact": len(exact.body), "encoded": len(encoded.body)},
@@ -379,24 +428,31 @@ def scanner_cost(body_mb: int) -> dict[str, Any]:
 
 
 def labels_rounds(
-    ports: dict[str, int], authority: str, bundles: dict[str, Path], count: int, rounds: int
+    ports: dict[str, int],
+    authority: str,
+    bundles: dict[str, Path],
+    count: int,
+    rounds: int,
+    *,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Keep-alive requests/s through the "exact" and "encoded" proxies, rounds alternating.
 
     Each round measures both, back to back (order swapped every round), so a burst of
     load from elsewhere on the machine hits both alike; the ratio is the median over
-    rounds of the round's ratio.
+    rounds of the round's ratio (the first mode's requests/s over the second's).
     """
+    first, second = list(ports)
     rps: dict[str, list[float]] = {mode: [] for mode in ports}
     p50: dict[str, list[float]] = {mode: [] for mode in ports}
     for mode, port in ports.items():  # warm-up: leaves, pools, pattern caches
-        measure(port, authority, HOST, authority, str(bundles[mode]), fresh=False, count=50,
+        measure(port, authority, HOST, authority, str(bundles[mode]), fresh=fresh, count=20,
                 seconds=5, path=LABELS_PATH, extra=LABELS_HEADERS)  # fmt: skip
     for i in range(rounds):
         order = list(ports) if i % 2 == 0 else list(reversed(ports))
         for mode in order:
             got = measure(ports[mode], authority, HOST, authority, str(bundles[mode]),
-                          fresh=False, count=count, seconds=30, path=LABELS_PATH,
+                          fresh=fresh, count=count, seconds=30, path=LABELS_PATH,
                           extra=LABELS_HEADERS)  # fmt: skip
             rps[mode].append(got["rps"])
             p50[mode].append(got["p50_ms"])
@@ -411,10 +467,10 @@ def labels_rounds(
     # Headline: the median of the per-round ratios (the two measurements of a round run
     # back to back, under the same load); the ratio of the medians and of the p50
     # latencies are printed too.
-    paired = [e / x for e, x in zip(rps["encoded"], rps["exact"], strict=True)]
-    out["ratio_encoded_vs_exact"] = round(statistics.median(paired), 3)
-    out["ratio_of_medians"] = round(out["encoded"]["rps"] / out["exact"]["rps"], 3)
-    out["p50_ratio"] = round(out["exact"]["p50_ms"] / out["encoded"]["p50_ms"], 3)
+    paired = [e / x for e, x in zip(rps[first], rps[second], strict=True)]
+    out[f"ratio_{first}_vs_{second}"] = round(statistics.median(paired), 3)
+    out["ratio_of_medians"] = round(out[first]["rps"] / out[second]["rps"], 3)
+    out["p50_ratio"] = round(out[second]["p50_ms"] / out[first]["p50_ms"], 3)
     return out
 
 
@@ -467,15 +523,27 @@ def main() -> None:
         # The labelled-data comparison: two proxies, same ten values, same run.
         label_ports: dict[str, int] = {}
         label_bundles: dict[str, Path] = {}
-        for mode in ("exact", "encoded"):
+        for mode in ("exact", "encoded", "full"):
             label_bundles[mode] = work / f"bundle-{mode}.pem"
             port_file = work / f"st-{mode}.port"
             proc = spawn("stockade", str(up_port), str(ca_file), str(label_bundles[mode]),
                          str(port_file), mode)  # fmt: skip
             label_ports[mode] = _wait_port(port_file, proc)
+        pair = ("encoded", "exact")
         results["labels_keepalive"] = labels_rounds(
-            label_ports, authority, label_bundles, label_n, label_rounds
+            {m: label_ports[m] for m in pair}, authority, label_bundles, label_n, label_rounds
         )
+        pair = ("full", "encoded")
+        for mode, n in (("keepalive", label_n), ("fresh", max(label_n // 10, 30))):
+            results[f"full_{mode}"] = got = labels_rounds(
+                {m: label_ports[m] for m in pair},
+                authority,
+                label_bundles,
+                n,
+                label_rounds,
+                fresh=mode == "fresh",
+            )
+            results[f"full_vs_labels_only_{mode}"] = got["ratio_full_vs_encoded"]
         results["labels_encoded_vs_exact_keepalive"] = results["labels_keepalive"][
             "ratio_encoded_vs_exact"
         ]
@@ -567,6 +635,10 @@ def main() -> None:
         "labels_encoded_vs_exact_keepalive>=0.9": (
             results.get("labels_encoded_vs_exact_keepalive", 0) >= 0.9
         ),
+        "full_vs_labels_only_keepalive>=0.85": (
+            results.get("full_vs_labels_only_keepalive", 0) >= 0.85
+        ),
+        "full_vs_labels_only_fresh>=0.85": results.get("full_vs_labels_only_fresh", 0) >= 0.85,
     }
     if not ns.labels_only:
         targets["ratio_vs_mitmproxy_keepalive>=3"] = (
