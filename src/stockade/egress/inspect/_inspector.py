@@ -125,6 +125,8 @@ class RequestPlan:
     chunked: bool
     #: detectors and decoded views for the body (None: nothing beyond ``scan``)
     content: ContentCheck | None = None
+    #: a WebSocket upgrade the rules allowed: relay frames after the 101
+    websocket: bool = False
 
 
 class Inspector:
@@ -286,7 +288,10 @@ class Inspector:
         echo = echo_refusal(method, (n for n, _ in headers))
         if echo is not None:
             raise Refusal(405, Reason.BAD_REQUEST, echo)
-        # 3. rules
+        # 3. rules (a WebSocket upgrade is decided as the method WEBSOCKET)
+        websocket = is_websocket_upgrade(method, headers)
+        if websocket:
+            method = WEBSOCKET
         decision = self.rules.decide(host, port, method, norm.path)
         decoded = norm.slash_decoded
         if decoded is not None:
@@ -299,6 +304,9 @@ class Inspector:
                 )
         record.rule = decision.rule
         if not decision.allowed:
+            if websocket:
+                # Never downgraded to a plain GET: refused, and the client is told why.
+                raise Refusal(403, decision.reason, f"WebSocket not allowed: {decision.detail}")
             raise Refusal(403, decision.reason, decision.detail)
         # 4. secrets: none headed to the wrong host; only bound placeholders on bound hosts
         scans = self.scans(host, port)
@@ -341,6 +349,8 @@ class Inspector:
         forwarded.insert(0, (b"host", header_values(headers, b"host")[0]))
         if chunked:
             forwarded.append((b"transfer-encoding", b"chunked"))
+        if websocket:
+            forwarded += [(b"connection", b"Upgrade"), (b"upgrade", b"websocket")]
         if redact:
             # An echoed credential must be readable to be redacted: ask for no compression.
             forwarded = [(n, v) for n, v in forwarded if n != b"accept-encoding"]
@@ -354,6 +364,7 @@ class Inspector:
             encoding,
             chunked,
             scans.content if scans.content else None,
+            websocket,
         )
 
     def _scan_method(self, record: RequestRecord) -> None:
@@ -422,6 +433,21 @@ def _content_encoding(headers: Headers, *, needed: bool) -> str | None:
         f"Content-Encoding {b', '.join(values).decode('latin-1')[:60]} cannot be scanned; "
         "send the body as identity, gzip or deflate",
     )
+
+
+#: the method a WebSocket upgrade is decided as by the rules (methods = ["WEBSOCKET"])
+WEBSOCKET = "WEBSOCKET"
+
+
+def is_websocket_upgrade(method: str, headers: Headers) -> bool:
+    """True for a GET asking ``Upgrade: websocket`` with ``Connection: upgrade``."""
+    if method != "GET":
+        return False
+    upgrade = {v.strip().lower() for h in header_values(headers, b"upgrade") for v in h.split(b",")}
+    connection = {
+        v.strip().lower() for h in header_values(headers, b"connection") for v in h.split(b",")
+    }
+    return b"websocket" in upgrade and b"upgrade" in connection
 
 
 def _check_content(

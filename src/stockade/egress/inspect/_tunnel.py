@@ -16,6 +16,7 @@ gets one ``net_intercept`` event (a client that pins certificates ends here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -42,6 +43,12 @@ from stockade.egress.inspect._inspector import (
 from stockade.egress.inspect._rules import LAYER
 from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer
 from stockade.egress.inspect._tls import ServerContexts, TLSStream, UpstreamPool, upstream_context
+from stockade.egress.inspect._websocket import (
+    MESSAGE_TOO_BIG,
+    POLICY_VIOLATION,
+    MessageGate,
+    close_frame,
+)
 from stockade.egress.upstream import Transport, UpstreamRefused, UpstreamUnreachable
 from stockade.policy import Decision, Policy, Reason
 
@@ -279,6 +286,8 @@ class InspectingTunnel:
             plan = self.layer.inspector.head(record, stream.sni, req.target, list(req.headers))
         except Refusal as refusal:
             return await self._refuse(client, stream, record, refusal, drain=True)
+        if plan.websocket:
+            return await self._websocket(client, stream, req, plan, record)
         if client.they_are_waiting_for_100_continue:
             await _send(client, stream, h11.InformationalResponse(status_code=100, headers=[]))
         try:
@@ -490,6 +499,173 @@ class InspectingTunnel:
             record.detail = f"redacted {redactor.replaced} echoed secret value(s)"
         self._emit(plan.decision, record)
         return True
+
+    # -- WebSocket ---------------------------------------------------------------------
+
+    async def _websocket(
+        self,
+        client: h11.Connection,
+        stream: TLSStream,
+        req: h11.Request,
+        plan: RequestPlan,
+        record: RequestRecord,
+    ) -> bool:
+        """An allowed upgrade: ask upstream; on 101 relay frames, the client's searched
+        whole (:mod:`._websocket`); any other answer is relayed and the tunnel closed."""
+        record.method = "WEBSOCKET"
+        try:
+            end = await _next(client, stream, self.layer.idle_timeout)
+            if not isinstance(end, h11.EndOfMessage):
+                raise Refusal(400, Reason.BAD_REQUEST, "a WebSocket upgrade has no body")
+            upstream, up = await self._send_request(plan, req, b"", record)
+        except Refusal as refused:
+            return await self._refuse(client, stream, record, refused, drain=False)
+        except _UpstreamError as exc:
+            record.upstream_status = exc.status
+            failed = Refusal(502, exc.reason, str(exc))
+            return await self._refuse(client, stream, record, failed, drain=False)
+        try:
+            while True:
+                event = await _next(up, upstream, self.layer.response_timeout)
+                if isinstance(event, h11.InformationalResponse) and event.status_code != 101:
+                    continue
+                break
+        except (OSError, ssl.SSLError, h11.ProtocolError, TimeoutError) as exc:
+            upstream.close()
+            refusal = Refusal(502, Reason.UPSTREAM_FAILED, f"upstream response: {exc}")
+            return await self._refuse(client, stream, record, refusal, drain=False)
+        if not isinstance(event, h11.InformationalResponse):
+            # The server declined the upgrade (or answered otherwise): relay its answer.
+            record.method = "GET"
+            try:
+                return await self._relay_declined(client, stream, upstream, up, event, record)
+            finally:
+                upstream.close()
+        record.status = 101
+        headers = [
+            *end_to_end(event.headers),
+            (b"connection", b"Upgrade"),
+            (b"upgrade", b"websocket"),
+        ]
+        extensions = b",".join(header_values(list(event.headers), b"sec-websocket-extensions"))
+        deflate = b"permessage-deflate" in extensions.lower()
+        gate = MessageGate(
+            plan.scan,
+            plan.content,
+            deflate=deflate,
+            reset_each_message=b"client_no_context_takeover" in extensions.lower(),
+        )
+        try:
+            await _send(client, stream, h11.InformationalResponse(status_code=101, headers=headers))
+        except (OSError, ssl.SSLError, h11.ProtocolError):
+            upstream.close()
+            return False
+        from_client = client.trailing_data[0]
+        from_upstream = up.trailing_data[0]
+        ended: list[Decision] = []
+        try:
+            await self._relay_frames(
+                stream, upstream, gate, from_client, from_upstream, record, ended
+            )
+        finally:
+            upstream.close()
+        record.detail = record.detail or f"websocket closed after {gate.messages} message(s)"
+        self._emit(ended[0] if ended else plan.decision, record)
+        return False
+
+    async def _relay_frames(
+        self,
+        stream: TLSStream,
+        upstream: TLSStream,
+        gate: MessageGate,
+        from_client: bytes,
+        from_upstream: bytes,
+        record: RequestRecord,
+        ended: list[Decision],
+    ) -> None:
+        async def client_to_upstream() -> None:
+            data = from_client
+            while True:
+                if data:
+                    record.bytes_up += len(data)
+                    verdict = gate.feed(data)
+                    for hit in verdict.reports:
+                        note_hit(record, hit)
+                    if verdict.forward:
+                        await upstream.send(verdict.forward)
+                    if verdict.refused is not None or verdict.close_code:
+                        code = POLICY_VIOLATION if verdict.refused else verdict.close_code
+                        why = verdict.refused.detail if verdict.refused else verdict.close_reason
+                        record.detail = f"closed ({code}) at message {gate.messages}: {why}"
+                        reason_code = Reason.BAD_REQUEST
+                        if verdict.refused is not None:
+                            note_hit(record, verdict.refused)
+                            reason_code = verdict.refused.reason
+                        elif code == MESSAGE_TOO_BIG:
+                            reason_code = Reason.BODY_TOO_LARGE
+                        ended.append(Decision.deny(LAYER, reason_code, record.rule, record.detail))
+                        reason = f"stockade: {verdict.refused.reason}" if verdict.refused else why
+                        with contextlib.suppress(OSError, ssl.SSLError):
+                            await stream.send(close_frame(code, reason, mask=False))
+                            await upstream.send(close_frame(1001, "", mask=True))
+                        return
+                async with asyncio.timeout(self.layer.idle_timeout):
+                    data = await stream.recv()
+                if not data:
+                    return
+
+        async def upstream_to_client() -> None:
+            data = from_upstream
+            while True:
+                if data:
+                    record.bytes_down += len(data)
+                    await stream.send(data)
+                async with asyncio.timeout(self.layer.idle_timeout):
+                    data = await upstream.recv()
+                if not data:
+                    return
+
+        tasks = [
+            asyncio.ensure_future(client_to_upstream()),
+            asyncio.ensure_future(upstream_to_client()),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _relay_declined(
+        self,
+        client: h11.Connection,
+        stream: TLSStream,
+        upstream: TLSStream,
+        up: h11.Connection,
+        event: Any,
+        record: RequestRecord,
+    ) -> bool:
+        if not isinstance(event, h11.Response):
+            refusal = Refusal(502, Reason.UPSTREAM_FAILED, "upstream closed the upgrade")
+            return await self._refuse(client, stream, record, refusal, drain=False)
+        record.status = event.status_code
+        headers = [*end_to_end(event.headers), (b"connection", b"close")]
+        with contextlib.suppress(OSError, ssl.SSLError, h11.ProtocolError, TimeoutError):
+            await _send(
+                client, stream, h11.Response(status_code=event.status_code, headers=headers)
+            )
+            while True:
+                part = await _next(up, upstream, self.layer.response_timeout)
+                if isinstance(part, h11.Data):
+                    record.bytes_down += len(part.data)
+                    await _send(client, stream, h11.Data(data=part.data))
+                else:
+                    await _send(client, stream, h11.EndOfMessage())
+                    break
+        self._emit(
+            Decision.allow(LAYER, record.rule, "WebSocket upgrade declined upstream"), record
+        )
+        return False
 
     # -- refusals and events ----------------------------------------------------------
 
