@@ -102,23 +102,41 @@ class ContentCheck:
         decoded view's end is not the window's). ``decode`` overrides :attr:`decode`.
         """
         report: Hit | None = None
-        steps: list[tuple[str, bytes]] = [("", data)]
-        if self.decode if decode is None else decode:
-            steps += views(data)
-        for chain, view in steps:
-            if chain:
-                for patterns in (self.secrets, self.labels):
-                    found = patterns.search(view) if patterns else None
-                    if found is not None:
-                        return Hit(found.kind, found.label, "deny", _where(part, chain))
-            if self.detectors:
-                finding = self.detectors.search(view, open_end=open_end and not chain)
-                if finding is not None:
-                    hit = Hit("detector", finding.detector, finding.action, _where(part, chain))
-                    if finding.action == "deny":
-                        return hit
-                    report = report or hit
+        if self.detectors:
+            finding = self.detectors.search(data, open_end=open_end)
+            if finding is not None:
+                report = Hit("detector", finding.detector, finding.action, part)
+                if finding.action == "deny":
+                    return report
+        if not (self.decode if decode is None else decode):
+            return report
+        decoded = views(data)
+        if not decoded:
+            return report
+        # One search of every view joined (no match spans the newlines between them: a
+        # value is a line, a detector's match holds no newline), then, on a match, each
+        # view alone to name the decoding.
+        joined = b"\n".join(v for _, v in decoded)
+        if self._one(joined, part, "") is None:
+            return report
+        for chain, view in decoded:
+            hit = self._one(view, part, chain)
+            if hit is not None and hit.action == "deny":
+                return hit
+            report = report or hit
         return report
+
+    def _one(self, view: bytes, part: str, chain: str) -> Hit | None:
+        where = _where(part, chain) if chain else f"{part} (decoded)"
+        for patterns in (self.secrets, self.labels):
+            found = patterns.search(view) if patterns else None
+            if found is not None:
+                return Hit(found.kind, found.label, "deny", where)
+        if self.detectors:
+            finding = self.detectors.search(view)
+            if finding is not None:
+                return Hit("detector", finding.detector, finding.action, where)
+        return None
 
     def search_head(self, parts: Sequence[tuple[str, bytes]]) -> Hit | None:
         """Search a request head's parts (``("query", b"...")``...): one search of all of

@@ -27,11 +27,11 @@ MIME multipart needs no decoder of its own: a part's bytes are in the body as th
 (searched raw), and its ``Content-Transfer-Encoding`` (base64, quoted-printable) is
 undone by the decoders above.
 
-Percent, escapes and quoted-printable are text encodings: in data over
-:data:`WHOLE_DATA` bytes of which over a quarter is outside printable ASCII (an image,
-an archive, decoded random bytes) they are not looked for. In data over
-:data:`WHOLE_DATA` bytes they are undone around each escape (:data:`REGION_MARGIN`
-bytes either side), so their cost follows the escapes, not the size.
+Percent, escapes and quoted-printable are text encodings: in data of which over a
+quarter is outside printable ASCII (an image, an archive, decoded random bytes) they are
+not looked for. They are undone in the token around each escape (to the nearest
+line break, ``&``, ``;``, ``,``, quote or bracket, at most :data:`REGION_MARGIN` bytes either
+side), so their cost follows the escapes, not the size.
 
 Cost is bounded twice: each call decodes at most :data:`BUDGET_FACTOR` times the input
 plus :data:`BUDGET_SLACK` bytes (decompression included) and makes at most
@@ -58,9 +58,8 @@ BUDGET_SLACK = 64 * 1024
 MIN_RUN_BYTES = 8
 #: base64 runs longer than this are decoded at one offset only (see _offsets)
 LONG_RUN = 64 * 1024
-#: data longer than this has percent and escape decoding applied around each escape
-#: (REGION_MARGIN bytes either side) rather than to the whole of it
-WHOLE_DATA = 4096
+#: percent and escape decoding is applied to the token around each escape, up to
+#: REGION_MARGIN bytes either side, rather than to the whole data
 REGION_MARGIN = 512
 #: most raw bytes one decoded byte takes through one chain of decoders within the
 #: documented depth (``%252541`` for ``A``); a stream holds back this many times the
@@ -93,14 +92,26 @@ _PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
 _BACKSLASH = re.compile(rb"\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\[\\/\"'bfnrt]")
 
 
+#: bytes that end a token: line breaks, query and cookie separators, quotes, brackets
+#: (not spaces: a PEM header line holds some)
+_SEPARATORS = bytes(1 if c in b"\r\n&;,\"'<>()[]{}" else 0 for c in range(256))
+
+
 def _regions(data: bytes, escape: re.Pattern[bytes]) -> bytes | None:
-    """``data`` itself when short; else the pieces around each escape, joined by
-    newlines (so decoding a large body costs per escape, not per byte)."""
-    if len(data) <= WHOLE_DATA:
-        return data
+    """The tokens holding an escape (widened to the separators around them, at most
+    :data:`REGION_MARGIN` bytes either side), joined by newlines; None when there is
+    none. Decoding costs per escape, not per byte, and the view holds only what the
+    decoding changed (the rest was searched as it is)."""
+    mask = data.translate(_SEPARATORS)
     spans: list[list[int]] = []
     for m in escape.finditer(data):
-        lo, hi = max(m.start() - REGION_MARGIN, 0), m.end() + REGION_MARGIN
+        if spans and m.start() < spans[-1][1]:
+            continue
+        floor = max(m.start() - REGION_MARGIN, 0)
+        lo = mask.rfind(b"\x01", floor, m.start()) + 1 or floor
+        hi = mask.find(b"\x01", m.end(), m.end() + REGION_MARGIN)
+        if hi < 0:
+            hi = min(m.end() + REGION_MARGIN, len(data))
         if spans and lo <= spans[-1][1]:
             spans[-1][1] = hi
         else:
@@ -115,11 +126,11 @@ _TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 
 def _binary(data: bytes) -> bool:
     """True for data of which over a quarter is outside printable ASCII (an image, an
-    archive, a decoded base64 run): text escapes are not looked for in it."""
-    return len(data) > WHOLE_DATA and len(data.translate(None, _TEXT)) * 4 > len(data)
+    archive, a decoded base64 run that was not text): text escapes are not looked for."""
+    return len(data) >= MIN_RUN_BYTES and len(data.translate(None, _TEXT)) * 4 > len(data)
 
 
-def _percent(data: bytes, budget: int) -> Iterator[bytes]:
+def _percent(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     if b"%" in data and not _binary(data):
         region = _regions(data, _PERCENT)
         if region is not None:
@@ -143,7 +154,7 @@ def _unescape_one(m: re.Match[bytes]) -> bytes:
     return _SIMPLE_ESCAPES.get(text, text)
 
 
-def _escapes(data: bytes, budget: int) -> Iterator[bytes]:
+def _escapes(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     if b"\\" in data and not _binary(data):
         region = _regions(data, _BACKSLASH)
         if region is not None:
@@ -180,10 +191,13 @@ _SEP_TABLE = bytes(0x68 if c in _HEX_CHARS else 0x73 if c in b":-, " else 0x2E f
 _SEP_RUN = b"hhs" * 7 + b"hh"
 
 
-def _hex(data: bytes, budget: int) -> Iterator[bytes]:
+def _hex(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     pieces: list[bytes] = []
     for run in _runs(data, _HEX_TABLE, 2 * MIN_RUN_BYTES):
         # Both alignments: the run may start on the second nibble of a byte.
+        if run in seen:
+            continue  # the same run in another view (the percent-decoded one)
+        seen.add(run)
         for start in (0, 1):
             part = run[start:]
             pieces.append(binascii.unhexlify(part[: len(part) // 2 * 2]))
@@ -221,14 +235,15 @@ def _offsets(run: bytes) -> range | tuple[int]:
     return range(4) if len(run) <= LONG_RUN else (0,)
 
 
-def _base64(data: bytes, budget: int) -> Iterator[bytes]:
+def _base64(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     # Line-wrapped base64 (MIME, PEM) is one run once the line breaks are gone.
     flat = data.replace(b"\r", b"").replace(b"\n", b"") if b"\n" in data else data
     pieces: list[bytes] = []
     size = 0
     for raw in _runs(flat, _B64_TABLE, 16):
-        if not _looks_base64(raw):
+        if raw in seen or not _looks_base64(raw):
             continue
+        seen.add(raw)
         run = raw.translate(_TO_STD)
         for start in _offsets(run):
             part = run[start:]
@@ -250,7 +265,7 @@ def _base64(data: bytes, budget: int) -> Iterator[bytes]:
 _QP_BREAK = re.compile(rb"=\r?\n")
 
 
-def _quoted_printable(data: bytes, budget: int) -> Iterator[bytes]:
+def _quoted_printable(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     if _binary(data):
         return
     if b"quoted-printable" in data.lower():
@@ -269,7 +284,7 @@ def _inflate_at(data: bytes, budget: int) -> bytes:
         return b""
 
 
-def _compressed(data: bytes, budget: int) -> Iterator[bytes]:
+def _compressed(data: bytes, budget: int, seen: set[bytes]) -> Iterator[bytes]:
     starts: list[int] = []
     at = data.find(_GZIP_MAGIC)
     while at >= 0 and len(starts) < _MAX_INFLATE_TRIES:
@@ -288,7 +303,7 @@ def _compressed(data: bytes, budget: int) -> Iterator[bytes]:
             return
 
 
-_DECODERS: tuple[tuple[str, Callable[[bytes, int], Iterator[bytes]]], ...] = (
+_DECODERS: tuple[tuple[str, Callable[[bytes, int, set[bytes]], Iterator[bytes]]], ...] = (
     ("percent", _percent),
     ("escapes", _escapes),
     ("hex", _hex),
@@ -308,12 +323,13 @@ def views(data: bytes, *, depth: int = MAX_DEPTH) -> list[tuple[str, bytes]]:
     budget = BUDGET_FACTOR * len(data) + BUDGET_SLACK
     out: list[tuple[str, bytes]] = []
     seen = {data}
+    runs: set[bytes] = set()
     frontier: list[tuple[str, bytes]] = [("", data)]
     for _ in range(depth):
         following: list[tuple[str, bytes]] = []
         for chain, view in frontier:
             for name, decoder in _DECODERS:
-                for decoded in decoder(view, budget):
+                for decoded in decoder(view, budget, runs):
                     if not decoded or decoded in seen:
                         continue
                     budget -= len(decoded)

@@ -318,7 +318,7 @@ class Finding:
 class DetectorSet:
     """The detectors on for one policy, with their actions, ready for many searches."""
 
-    __slots__ = ("_anchors", "_folded", "_plain", "actions", "detectors", "span")
+    __slots__ = ("_by_hint", "_folded", "_plain", "actions", "detectors", "span")
 
     def __init__(self, actions: Mapping[str, str] | None = None) -> None:
         """``actions`` maps a detector's name to ``deny``, ``report`` or ``off``;
@@ -328,7 +328,11 @@ class DetectorSet:
         self.detectors = tuple(d for d in DETECTORS if self.actions[d.name] != "off")
         self._plain = _unique(h for d in self.detectors if not d.folded for h in _hints(d))
         self._folded = _unique(h for d in self.detectors if d.folded for h in _hints(d))
-        self._anchors = {d.name: d.anchors for d in self.detectors}
+        #: hint -> the detectors it stands for
+        self._by_hint: dict[bytes, list[str]] = {}
+        for d in self.detectors:
+            for h in _hints(d):
+                self._by_hint.setdefault(h, []).append(d.name)
         #: longest raw match (a stream holds back this less one)
         self.span = MAX_MATCH if self.detectors else 0
 
@@ -342,13 +346,20 @@ class DetectorSet:
         folded = bool(self._folded) and max(map(lowered.find, self._folded)) >= 0
         if not plain and not folded:
             return []
+        hinted: set[str] = set()
+        if plain:
+            for h in self._plain:
+                if h in data:
+                    hinted.update(self._by_hint[h])
+        if folded:
+            for h in self._folded:
+                if h in lowered:
+                    hinted.update(self._by_hint[h])
         out: list[tuple[Detector, list[int]]] = []
         for d in self.detectors:
-            if (d.folded and not folded) or (not d.folded and not plain):
+            if d.name not in hinted:
                 continue
             hay = lowered if d.folded else data
-            if not any(h in hay for h in _hints(d)):
-                continue
             spots: list[int] = []
             for anchor in d.anchors:
                 at = hay.find(anchor)
@@ -405,13 +416,31 @@ def _unique(items: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(items))
 
 
+#: checks already made, by detector and matched bytes (a session cookie that looks like
+#: a JWT is checked once, not on every request); cleared when full
+_CHECKED: dict[tuple[str, bytes], bool] = {}
+_MAX_CHECKED = 4096
+
+
+def _valid(d: Detector, m: re.Match[bytes]) -> bool:
+    if d.check is None:
+        return True
+    key = (d.name, m.group(0))
+    known = _CHECKED.get(key)
+    if known is None:
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        known = _CHECKED[key] = d.check(m)
+    return known
+
+
 def _first_valid(
     d: Detector, data: bytes, start: int, end: int, *, open_end: bool
 ) -> re.Match[bytes] | None:
     for m in d.regex.finditer(data, start, end):
         if open_end and m.end() >= len(data):
             continue
-        if d.check is None or d.check(m):
+        if _valid(d, m):
             return m
     return None
 
