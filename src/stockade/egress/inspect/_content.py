@@ -60,6 +60,11 @@ class Detected(Exception):
         self.hit = hit
 
 
+#: head parts remembered clean per host, and the longest remembered
+_MAX_CLEAN = 4096
+_CLEAN_PART = 2048
+
+
 def _where(part: str, chain: str) -> str:
     return f"{part} ({chain})" if chain else part
 
@@ -71,7 +76,7 @@ class ContentCheck:
     :class:`~._secrets.PatternSet` already searches their encodings.)
     """
 
-    __slots__ = ("decode", "detectors", "labels", "secrets")
+    __slots__ = ("_clean", "decode", "detectors", "labels", "secrets")
 
     def __init__(
         self, secrets: PatternSet, labels: PatternSet, detectors: DetectorSet, *, decode: bool
@@ -80,6 +85,9 @@ class ContentCheck:
         self.labels = labels
         self.detectors = detectors
         self.decode = decode
+        #: head parts already searched and found clean (a keep-alive client repeats its
+        #: user agent, accept headers and cookies on every request); bounded
+        self._clean: set[bytes] = set()
 
     def __bool__(self) -> bool:
         return bool(self.detectors) or (self.decode and bool(self.secrets or self.labels))
@@ -143,9 +151,15 @@ class ContentCheck:
         them joined (the common case finds nothing), then each part to name where."""
         if not self:
             return None
+        parts = [(part, data) for part, data in parts if data not in self._clean]
+        if not parts:
+            return None
         joined = b"\n".join(data for _, data in parts)
         found = self.search(joined, "request head")
         if found is None:
+            if len(self._clean) > _MAX_CLEAN:
+                self._clean.clear()
+            self._clean.update(data for _, data in parts if len(data) <= _CLEAN_PART)
             return None
         report: Hit | None = None
         for part, data in parts:
