@@ -29,6 +29,7 @@ def test_public_names_are_curated() -> None:
             "StockadeError",
             "Unavailable",
             "__version__",
+            "arun",
             "run",
         ]
     )

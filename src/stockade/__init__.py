@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from stockade.api import CompletedRun, Sandbox, run
+    from stockade.api import CompletedRun, Sandbox, arun, run
     from stockade.egress.approval import AccessRequest, Answer, Grant, Scope
     from stockade.policy import Policy
 
@@ -40,11 +40,13 @@ __all__ = [
     "StockadeError",
     "Unavailable",
     "__version__",
+    "arun",
     "run",
 ]
 
 _LAZY = {
     "run": "stockade.api",
+    "arun": "stockade.api",
     "Sandbox": "stockade.api",
     "CompletedRun": "stockade.api",
     "Policy": "stockade.policy",

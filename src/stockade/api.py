@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from stockade.runtime import RunRequest, RunResult, execute
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from stockade.egress.approval import ApprovalBroker, Approver, Grant, Scope
+    from stockade.runtime._popen import AsyncSandboxProcess, SandboxProcess
 
 
 def _broker(policy: Policy, ask: Any, ask_timeout: float) -> ApprovalBroker:
@@ -86,6 +87,37 @@ def _policy(
     return loaded
 
 
+def with_env(policy: Policy, set_env: Mapping[str, str] | None) -> Policy:
+    """``policy`` with ``set_env`` layered over its ``env.set`` (later wins).
+
+    Raises:
+        PolicyError: a name that is not a variable name, or a credential-like one the
+            policy does not consent to (an ``env.pass`` entry with ``allow_secret``),
+            while the secrets layer is on.
+    """
+    if not set_env:
+        return policy
+    import re
+
+    from stockade._exceptions import PolicyError
+    from stockade.policy._credentials import looks_like_credential
+
+    consented = {e.name for e in policy.env.pass_ if e.allow_secret}
+    for name, value in set_env.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise PolicyError(f"set_env: {name!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise PolicyError(f"set_env.{name}: expected a string, got {type(value).__name__}")
+        if policy.layers.secrets and looks_like_credential(name) and name not in consented:
+            raise PolicyError(
+                f"set_env.{name}: looks like a credential and would be readable by everything "
+                f'in the sandbox; the policy must consent with [env] pass = [{{ name = "{name}", '
+                "allow_secret = true }] (or bind it to its host with [secrets])"
+            )
+    merged = {**policy.env.set, **set_env}
+    return replace(policy, env=replace(policy.env, set=merged))
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -103,6 +135,7 @@ def run(
     env: dict[str, str] | None = None,
     ask: Approver | None = None,
     ask_timeout: float = 120.0,
+    set_env: Mapping[str, str] | None = None,
 ) -> CompletedRun:
     """Run ``argv`` inside a sandbox and wait for it.
 
@@ -110,8 +143,9 @@ def run(
         argv: the command and its arguments.
         policy: a :class:`Policy`, a policy file, or None for the default search order.
         workspace: the read-write root (overrides the policy's).
-        cwd: working directory inside the workspace (default: the current directory if
-            it is inside the workspace, else the workspace).
+        cwd: working directory (default: the current directory if it is inside the
+            workspace, else the workspace); any directory the command may read
+            (``filesystem.read``, a system path, ``/``), else :class:`SandboxError`.
         timeout: wall-time limit in seconds; on expiry the whole tree is killed and the
             result has ``returncode`` 124 (or :class:`SandboxTimeout` with ``check``).
         capture_output, text, input: as for :func:`subprocess.run`.
@@ -120,6 +154,10 @@ def run(
         disable: layers switched off for this run.
         audit: append audit events to this file (default: events kept in memory only).
         env: the caller environment the secrets layer filters (default: ``os.environ``).
+        set_env: variables set for the command, on top of the policy's ``env.set``
+            (they reach the command as ``env.set`` values do). A credential-like name
+            (``*_TOKEN``, ``*_KEY``, ...) needs the policy's consent: an ``env.pass``
+            entry ``{ name = "X", allow_secret = true }``; else :class:`PolicyError`.
         ask: an approver (see :mod:`stockade.approvers`) asked about hosts that are not on
             the allow-list, before any DNS lookup; sync only here (an async one needs
             :meth:`Sandbox.arun`). None: such hosts are denied, as without asking.
@@ -132,7 +170,7 @@ def run(
         SandboxError: the sandbox failed, or ``check`` and a non-zero exit.
         TypeError: ``ask`` is an async approver.
     """
-    loaded = _policy(policy, workspace, allow_hosts, disable)
+    loaded = with_env(_policy(policy, workspace, allow_hosts, disable), set_env)
     if ask is not None and _is_async(ask):
         raise TypeError("an async approver needs Sandbox.arun; give run() a sync one")
     approval = _broker(loaded, ask, ask_timeout) if ask is not None else None
@@ -152,6 +190,52 @@ def run(
     )
 
 
+async def arun(
+    argv: Sequence[str],
+    *,
+    policy: Policy | str | os.PathLike[str] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    capture_output: bool = False,
+    text: bool = False,
+    input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
+    check: bool = False,
+    allow_hosts: Sequence[str] = (),
+    disable: Sequence[str] = (),
+    audit: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    ask: Approver | None = None,
+    ask_timeout: float = 120.0,
+    set_env: Mapping[str, str] | None = None,
+) -> CompletedRun:
+    """The asyncio twin of :func:`run` (arguments the same; ``ask`` may be async).
+
+    Cancelling the awaiting task kills the command's whole tree, waits for it to be
+    gone and re-raises :class:`asyncio.CancelledError`.
+    """
+    with Sandbox(
+        policy,
+        workspace=workspace,
+        allow_hosts=allow_hosts,
+        disable=disable,
+        audit=audit,
+        env=env,
+        ask=ask,
+        ask_timeout=ask_timeout,
+        set_env=set_env,
+    ) as sb:
+        return await sb.arun(
+            argv,
+            cwd=cwd,
+            timeout=timeout,
+            capture_output=capture_output,
+            text=text,
+            input=input,
+            check=check,
+        )
+
+
 def _run_request(
     argv: Sequence[str],
     policy: Policy,
@@ -166,6 +250,8 @@ def _run_request(
     env: dict[str, str] | None,
     egress: Any,
     approval: Any = None,
+    handle: Any = None,
+    tmp: Path | None = None,
 ) -> CompletedRun:
     from stockade._exceptions import SandboxTimeout
 
@@ -184,6 +270,8 @@ def _run_request(
             caller_env=env,
             egress=egress,
             approval=approval,
+            handle=handle,
+            tmp=tmp,
         )
     )
     completed = CompletedRun(result, text=text)
@@ -210,6 +298,13 @@ class Sandbox:
     reaches the next one except through the workspace.
 
     :meth:`run` mirrors :func:`subprocess.run`; :meth:`arun` is its asyncio twin.
+    :meth:`popen` starts a long-lived command (a persistent shell, a REPL);
+    :meth:`read_file` and :meth:`write_file` do host-side file I/O that keeps to what the
+    sandbox lets its command read and write (agent frameworks' editor tools).
+
+    ``set_env`` sets variables for every command (on top of the policy's ``env.set``;
+    see :func:`stockade.run`); ``tmp="session"`` keeps one private ``/tmp`` across the
+    runs of this Sandbox instead of a fresh one per run.
 
     ``ask`` is an approver asked about hosts not on the allow-list (an async one runs on
     the loop that called :meth:`arun`). The network policy can also change while
@@ -230,8 +325,16 @@ class Sandbox:
         env: dict[str, str] | None = None,
         ask: Approver | None = None,
         ask_timeout: float = 120.0,
+        set_env: Mapping[str, str] | None = None,
+        tmp: str | None = None,
     ) -> None:
-        self.policy = _policy(policy, workspace, allow_hosts, disable)
+        if tmp not in (None, "run", "session"):
+            raise ValueError(f'tmp={tmp!r}: "run" (a fresh /tmp per run) or "session"')
+        self.policy = with_env(_policy(policy, workspace, allow_hosts, disable), set_env)
+        #: "session": one private /tmp kept across this Sandbox's runs (made when first
+        #: needed, removed by :meth:`close`); "run" (None): a fresh one per run
+        self.tmp = tmp or "run"
+        self._tmp_dir: Path | None = None
         self._approvals = _broker(self.policy, ask, ask_timeout)
         self._async_ask = ask is not None and _is_async(ask)
         self._audit = Path(os.fspath(audit)) if audit is not None else None
@@ -283,11 +386,12 @@ class Sandbox:
         text: bool = False,
         input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
         check: bool = False,
+        set_env: Mapping[str, str] | None = None,
     ) -> CompletedRun:
         """Run ``argv`` in this sandbox; arguments as for :func:`stockade.run`."""
         if self._async_ask:
             raise TypeError("this Sandbox's approver is async: use arun()")
-        return self._run(argv, cwd, timeout, capture_output, text, input, check)
+        return self._run(argv, cwd, timeout, capture_output, text, input, check, set_env)
 
     def _run(
         self,
@@ -298,12 +402,16 @@ class Sandbox:
         text: bool,
         input: str | bytes | None,  # noqa: A002 - the name subprocess.run uses
         check: bool,
+        set_env: Mapping[str, str] | None = None,
+        handle: Any = None,
     ) -> CompletedRun:
         if self._closed:
             raise SandboxError("this Sandbox is closed; make a new one")
         return _run_request(
             argv,
-            self.policy,
+            with_env(self.policy, set_env),
+            handle=handle,
+            tmp=self._session_tmp(),
             cwd=cwd,
             timeout=timeout,
             capture_output=capture_output,
@@ -326,17 +434,193 @@ class Sandbox:
         text: bool = False,
         input: str | bytes | None = None,  # noqa: A002 - the name subprocess.run uses
         check: bool = False,
+        set_env: Mapping[str, str] | None = None,
     ) -> CompletedRun:
-        """The asyncio twin of :meth:`run` (the wait happens in a worker thread)."""
+        """The asyncio twin of :meth:`run` (the wait happens in a worker thread).
+
+        Cancelling the awaiting task kills the command's whole tree (also while one of
+        its connections waits for an approver's answer), waits until the run has ended
+        and re-raises :class:`asyncio.CancelledError`.
+        """
         import asyncio
+
+        from stockade.runtime._cancel import RunHandle
+        from stockade.runtime._popen import _finish
 
         asker = self._approvals.asker
         if asker is not None and hasattr(asker, "caller_loop"):
             # An async approver runs here, on the caller's loop, not the proxy's.
             asker.caller_loop = asyncio.get_running_loop()
-        return await asyncio.to_thread(
-            self._run, argv, cwd, timeout, capture_output, text, input, check
+        handle = RunHandle()
+        task = asyncio.ensure_future(
+            asyncio.to_thread(
+                self._run, argv, cwd, timeout, capture_output, text, input, check, set_env, handle
+            )
         )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The worker thread cannot be cancelled: end what it waits for, then wait
+            # for it, so that nothing of the run outlives the cancellation.
+            handle.kill()
+            await _finish(task)
+            raise
+
+    def _session_tmp(self) -> Path | None:
+        """The host directory bound at /tmp for ``tmp="session"`` (made once)."""
+        if self.tmp != "session":
+            return None
+        with self._prepare_lock:
+            if self._tmp_dir is None:
+                import tempfile
+
+                self._tmp_dir = Path(tempfile.mkdtemp(prefix="stockade-session-tmp-"))
+            return self._tmp_dir
+
+    # -- long-lived processes and host-side files (agent frameworks) -----------------------
+
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        text: bool = False,
+        set_env: Mapping[str, str] | None = None,
+    ) -> SandboxProcess:
+        """Start ``argv`` in this sandbox and return at once, like :class:`subprocess.Popen`.
+
+        ``stdin``, ``stdout``, ``stderr``: :data:`subprocess.PIPE`, ``DEVNULL``, None
+        (inherited) or, for ``stderr``, ``STDOUT``. The command shares this Sandbox's
+        proxy, grants and approver, and is one run in the audit log; :meth:`~stockade.
+        runtime._popen.SandboxProcess.kill` ends its whole tree. For persistent shells
+        and REPLs. Raises as :meth:`run` does when the sandbox cannot start.
+        """
+        from stockade.runtime._popen import SandboxProcess
+
+        if self._async_ask:
+            raise TypeError("this Sandbox's approver is async: use apopen()")
+        return SandboxProcess(
+            argv,
+            self._starter(argv, cwd, timeout, set_env),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            text=text,
+        )
+
+    async def apopen(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        set_env: Mapping[str, str] | None = None,
+    ) -> AsyncSandboxProcess:
+        """The asyncio twin of :meth:`popen`: streams are asyncio readers and a writer,
+        as for :func:`asyncio.create_subprocess_exec` (bytes)."""
+        import asyncio
+
+        from stockade.runtime._popen import AsyncSandboxProcess, SandboxProcess
+
+        asker = self._approvals.asker
+        if asker is not None and hasattr(asker, "caller_loop"):
+            asker.caller_loop = asyncio.get_running_loop()
+        starter = self._starter(argv, cwd, timeout, set_env)
+        return await AsyncSandboxProcess.start(
+            lambda: SandboxProcess(argv, starter, stdin=stdin, stdout=stdout, stderr=stderr)
+        )
+
+    def _starter(
+        self,
+        argv: Sequence[str],
+        cwd: str | os.PathLike[str] | None,
+        timeout: float | None,
+        set_env: Mapping[str, str] | None,
+    ) -> Any:
+        if self._closed:
+            raise SandboxError("this Sandbox is closed; make a new one")
+        policy = with_env(self.policy, set_env)  # refused here, in the caller's thread
+
+        def start(handle: Any, stdin: int | None, stdout: int | None, stderr: int | None) -> Any:
+            return execute(
+                RunRequest(
+                    argv=list(argv),
+                    policy=policy,
+                    cwd=Path(os.fspath(cwd)) if cwd is not None else None,
+                    audit_path=self._audit,
+                    audit_to_file=self._audit is not None,
+                    timeout=timeout,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    allow_pty=False,
+                    caller_env=self._env,
+                    egress=self._prepare(),
+                    approval=self._approvals,
+                    handle=handle,
+                    tmp=self._session_tmp(),
+                )
+            )
+
+        return start
+
+    def check_read(self, path: str | os.PathLike[str]) -> Path:
+        """The resolved ``path`` (relative: to the workspace) when the command in this
+        sandbox may read it: the workspace, ``filesystem.read``/``write``, system paths,
+        less ``filesystem.deny`` and the credential locations.
+
+        Raises:
+            Denied: layer ``files``, reason ``path-denied`` or ``path-not-granted``.
+        """
+        from stockade.enforce import access, paths
+
+        return access.check_read(self.policy, path, home=paths.caller_home(self._env))
+
+    def check_write(self, path: str | os.PathLike[str]) -> Path:
+        """The resolved ``path`` when the command in this sandbox may write it: the
+        workspace and ``filesystem.write``, less ``filesystem.deny`` and the protected
+        paths (``.git/hooks``, ``.git/config``, ``.claude/``, ``.vscode/``, ...), with
+        the same tables the sandbox uses.
+
+        Raises:
+            Denied: layer ``files``, reason ``path-protected``, ``path-denied`` or
+                ``path-not-granted``.
+        """
+        from stockade.enforce import access
+
+        return access.check_write(self.policy, path)
+
+    def read_file(self, path: str | os.PathLike[str]) -> bytes:
+        """Read a file from the host process, as the command could (:meth:`check_read`).
+
+        A relative path is relative to the workspace.
+        """
+        from stockade.enforce import access, paths
+
+        return access.read_file(self.policy, path, home=paths.caller_home(self._env))
+
+    def write_file(
+        self, path: str | os.PathLike[str], data: str | bytes, *, parents: bool = True
+    ) -> Path:
+        """Write a file from the host process, only where the command could
+        (:meth:`check_write`); ``parents``: make missing directories (each checked).
+        Returns the path written. The final component is never followed if it is a
+        link, and the file actually opened is checked again before anything is written.
+
+        Raises:
+            Denied: the sandbox keeps ``path`` read-only (or hides it).
+        """
+        from stockade.enforce import access
+
+        blob = data.encode() if isinstance(data, str) else data
+        return access.write_file(self.policy, path, blob, parents=parents)
 
     # -- live changes ----------------------------------------------------------------------
 
@@ -375,8 +659,14 @@ class Sandbox:
         return self._approvals.generation
 
     def close(self) -> None:
-        """Stop the shared proxy loop and remove the shared scratch files."""
+        """Stop the shared proxy loop and remove the shared scratch files (and the
+        session's /tmp)."""
         self._closed = True
+        if self._tmp_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
         if self._egress is not None:
             self._egress.close()
             self._egress = None

@@ -62,6 +62,9 @@ class ContainerPlan:
     hostname: str = "stockade"
     #: working directory inside; the workspace when the caller's cwd is outside it
     cwd: Path | None = None
+    #: a host directory bound at /tmp, kept across runs (``Sandbox(tmp="session")``);
+    #: None: a fresh tmpfs
+    tmp: Path | None = None
     system_paths: tuple[str, ...] = field(default=SYSTEM_PATHS)
 
 
@@ -162,7 +165,10 @@ def build_argv(
                 else:
                     argv += ["--ro-bind", "/dev/null", secret]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
-        argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        if plan.tmp is not None:
+            argv += ["--bind", str(plan.tmp), "/tmp", "--tmpfs", "/var/tmp"]
+        else:
+            argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
         argv += ["--tmpfs", str(plan.home)]
         for path in plan.toolchains:
             argv += ["--ro-bind", str(path), str(path)]

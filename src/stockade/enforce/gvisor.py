@@ -328,7 +328,8 @@ def bundle_mounts(plan: ContainerPlan) -> list[dict[str, Any]]:
             mounts.append(_tmpfs(secret, ro=True))
         elif _maskable(Path(secret)):
             mounts.append(_bind("/dev/null", secret, ro=True))
-    mounts += [_tmpfs("/tmp"), _tmpfs("/var/tmp"), _tmpfs("/run"), _tmpfs(str(plan.home))]
+    tmp = _bind(str(plan.tmp), "/tmp", ro=False) if plan.tmp is not None else _tmpfs("/tmp")
+    mounts += [tmp, _tmpfs("/var/tmp"), _tmpfs("/run"), _tmpfs(str(plan.home))]
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.toolchains]
     mounts += [_bind(str(p), str(p), ro=True) for p in plan.read if p.exists()]
     mounts.append(_bind(str(plan.workspace), str(plan.workspace), ro=False))

@@ -94,6 +94,12 @@ class RunRequest:
     #: the approval broker (:class:`~stockade.egress.approval.ApprovalBroker`): asks and
     #: live changes; None: the policy is all there is
     approval: Any = None
+    #: a :class:`~stockade.runtime._cancel.RunHandle`: the sandbox's outermost process is
+    #: attached to it once started, so another thread can kill the tree (cancellation,
+    #: ``Sandbox.popen``)
+    handle: Any = None
+    #: a host directory bound at /tmp (``Sandbox(tmp="session")``); None: a fresh tmpfs
+    tmp: Path | None = None
 
 
 @record(frozen=False)
@@ -358,10 +364,8 @@ def _execute(
     caller_env = dict(os.environ if request.caller_env is None else request.caller_env)
     fs = policy.filesystem
     workspace = fs.workspace
-    cwd = (request.cwd or Path.cwd()).resolve()
-    if not (cwd == workspace or workspace in cwd.parents):
-        cwd = workspace
     home = paths.caller_home(caller_env)
+    cwd = _working_dir(request, policy, home)
     layers = policy.layers
     # Timestamps on disk come from the kernel's coarse clock: a margin, not an instant.
     wall_started = time.time() - 1.0
@@ -545,6 +549,7 @@ def _execute(
                     cwd=cwd,
                     files=tuple(egress_plan.files) if egress_plan else (),
                     staged=((staged.inner, staged.target),) if staged is not None else (),
+                    tmp=request.tmp,
                 )
                 child_env = env_plan.env
             else:
@@ -581,7 +586,7 @@ def _execute(
                 (scratch.path / "tmp").mkdir()
                 child_env = dict(env_plan.env)
                 child_env["HOME"] = str(scratch.path / "home")
-                child_env["TMPDIR"] = str(scratch.path / "tmp")
+                child_env["TMPDIR"] = str(request.tmp or scratch.path / "tmp")
                 plan = bubblewrap.ContainerPlan(
                     workspace=workspace,
                     home=home,
@@ -590,6 +595,7 @@ def _execute(
                     cwd=cwd,
                     read=trust,
                     files=tuple(egress_plan.files) if egress_plan else (),
+                    tmp=request.tmp,
                 )
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
@@ -726,7 +732,9 @@ def _execute(
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
                     argv,
                     spawn_env,
-                    cwd,
+                    # The host-side start directory; inside, the plan's cwd is the one
+                    # (a /tmp path of a session scratch exists only there).
+                    cwd if cwd.is_dir() else workspace,
                     request,
                     depth,
                     terminal,
@@ -787,6 +795,44 @@ def _execute(
         timed_out=timed_out,
         duration=duration,
     )
+
+
+def _working_dir(request: RunRequest, policy: Policy, home: Path) -> Path:
+    """The command's working directory.
+
+    The caller's current directory when inside the workspace, else the workspace; a
+    ``cwd`` given explicitly may also be any directory the files layer lets the command
+    read (``/``, a ``filesystem.read`` entry, ``/tmp`` of a session scratch).
+
+    Raises:
+        SandboxError: an explicit ``cwd`` the command could not read.
+    """
+    workspace = policy.filesystem.workspace
+    if request.cwd is None:
+        cwd = Path.cwd().resolve()
+        return cwd if cwd == workspace or workspace in cwd.parents else workspace
+    tmp = Path("/tmp")
+    if (
+        request.tmp is not None
+        and policy.layers.container
+        and (request.cwd == tmp or tmp in request.cwd.parents)
+    ):
+        # The session scratch is /tmp inside; the host path of the same name is not it.
+        inside = request.tmp / request.cwd.relative_to("/tmp")
+        if not inside.is_dir():
+            raise SandboxError(f"cwd {request.cwd}: no such directory in the session's /tmp")
+        return request.cwd
+    cwd = request.cwd.resolve()
+    if cwd == workspace or workspace in cwd.parents:
+        return cwd
+    from stockade.enforce import access
+
+    if not access.readable_dir(policy, cwd, home):
+        raise SandboxError(
+            f"cwd {request.cwd}: not a directory the sandbox can read "
+            "(the workspace, filesystem.read or write, or a system path)"
+        )
+    return cwd
 
 
 def _stdio(request: RunRequest) -> tuple[int | IO[Any] | None, ...]:
@@ -870,7 +916,7 @@ def _launcher_plan(
         scratch_rw = [str(plan.home), "/tmp", "/var/tmp", "/dev/shm"]
         read = [*system, *map(str, plan.toolchains), "/proc", bubblewrap.STOCKADE_DIR]
     else:
-        scratch_rw = [str(scratch.path)]
+        scratch_rw = [str(scratch.path), *([str(plan.tmp)] if plan.tmp else [])]
         read = [*system, *map(str, plan.toolchains), "/proc"]
     write = [str(fs.workspace), *map(str, fs.write), *scratch_rw, "/dev"]
     limits = policy.limits
@@ -1122,6 +1168,8 @@ def _spawn_relayed(
     """The body of :func:`_spawn` once the stdio targets are chosen."""
     with _pty.relay(terminal, *stdio) as relay:
         proc = _popen(argv, env, cwd, *relay.stdio, pass_fds)
+        if request.handle is not None:
+            request.handle.attach(proc)  # from here on, another thread can kill the tree
         relay.handed()
         paused = start.paused if start is not None else None
         # Forwarding is in place before the command is let go: a SIGTERM that arrives as
