@@ -583,11 +583,12 @@ class Sandbox:
 
         return access.check_read(self.policy, path, home=paths.caller_home(self._env))
 
-    def check_write(self, path: str | os.PathLike[str]) -> Path:
+    def check_write(self, path: str | os.PathLike[str], *, recursive: bool = False) -> Path:
         """The resolved ``path`` when the command in this sandbox may write it: the
         workspace and ``filesystem.write``, less ``filesystem.deny`` and the protected
         paths (``.git/hooks``, ``.git/config``, ``.claude/``, ``.vscode/``, ...), with
-        the same tables the sandbox uses.
+        the same tables the sandbox uses. ``recursive``: for removing or moving a whole
+        tree, which must hold no protected or denied path either.
 
         Raises:
             Denied: layer ``files``, reason ``path-protected``, ``path-denied`` or
@@ -595,7 +596,7 @@ class Sandbox:
         """
         from stockade.enforce import access
 
-        return access.check_write(self.policy, path)
+        return access.check_write(self.policy, path, recursive=recursive)
 
     def read_file(self, path: str | os.PathLike[str]) -> bytes:
         """Read a file from the host process, as the command could (:meth:`check_read`).

@@ -43,13 +43,16 @@ def _denied(policy: Policy, real: Path) -> bool:
     return _within_any(real, (*deny.dirs, *deny.files))
 
 
-def check_write(policy: Policy, path: str | os.PathLike[str]) -> Path:
+def check_write(policy: Policy, path: str | os.PathLike[str], *, recursive: bool = False) -> Path:
     """The resolved path, when the sandbox of ``policy`` lets its command write there.
 
     Writable: the workspace and ``filesystem.write``, less ``filesystem.deny`` and the
     protected paths (the defaults of :data:`~stockade.policy._tables.DEFAULT_PROTECTED`,
     git's redirect entries in every writable git directory, the placeholders for those
     missing, and ``filesystem.protect``).
+
+    With ``recursive`` (a removal or a move of a whole tree), no protected or denied
+    path may lie inside ``path`` either.
 
     Raises:
         Denied: ``files`` layer, reason ``path-protected``, ``path-denied`` or
@@ -68,6 +71,15 @@ def check_write(policy: Policy, path: str | os.PathLike[str]) -> Path:
             raise Denied(
                 "files", "path-protected", f"{real} is read-only in the sandbox ({protected})"
             )
+        if recursive and _within(protected, real) and os.path.lexists(protected):
+            raise Denied(
+                "files", "path-protected", f"{real} holds {protected}, read-only in the sandbox"
+            )
+    if recursive:
+        deny = paths.expand_deny(fs.deny, fs.workspace, (*fs.read, *fs.write))
+        for hidden in (*deny.dirs, *deny.files):
+            if _within(hidden, real):
+                raise Denied("files", "path-denied", f"{real} holds {hidden} (filesystem.deny)")
     return real
 
 

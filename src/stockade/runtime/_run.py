@@ -811,28 +811,28 @@ def _working_dir(request: RunRequest, policy: Policy, home: Path) -> Path:
     if request.cwd is None:
         cwd = Path.cwd().resolve()
         return cwd if cwd == workspace or workspace in cwd.parents else workspace
+    cwd = request.cwd.resolve()
+    if cwd == workspace or workspace in cwd.parents:
+        return cwd
+    from stockade.enforce import access
+
+    if access.readable_dir(policy, cwd, home):
+        return cwd
     tmp = Path("/tmp")
     if (
         request.tmp is not None
         and policy.layers.container
         and (request.cwd == tmp or tmp in request.cwd.parents)
     ):
-        # The session scratch is /tmp inside; the host path of the same name is not it.
-        inside = request.tmp / request.cwd.relative_to("/tmp")
-        if not inside.is_dir():
+        # The session scratch is /tmp inside (under the binds of the workspace and the
+        # granted paths); the host directory of the same name is not it.
+        if not (request.tmp / request.cwd.relative_to(tmp)).is_dir():
             raise SandboxError(f"cwd {request.cwd}: no such directory in the session's /tmp")
         return request.cwd
-    cwd = request.cwd.resolve()
-    if cwd == workspace or workspace in cwd.parents:
-        return cwd
-    from stockade.enforce import access
-
-    if not access.readable_dir(policy, cwd, home):
-        raise SandboxError(
-            f"cwd {request.cwd}: not a directory the sandbox can read "
-            "(the workspace, filesystem.read or write, or a system path)"
-        )
-    return cwd
+    raise SandboxError(
+        f"cwd {request.cwd}: not a directory the sandbox can read "
+        "(the workspace, filesystem.read or write, or a system path)"
+    )
 
 
 def _stdio(request: RunRequest) -> tuple[int | IO[Any] | None, ...]:
