@@ -253,7 +253,7 @@ def _run_request(
     handle: Any = None,
     tmp: Path | None = None,
 ) -> CompletedRun:
-    from stockade._exceptions import SandboxTimeout
+    from stockade._exceptions import EXIT_NOT_FOUND, SandboxTimeout
 
     data = input.encode() if isinstance(input, str) else input
     result = execute(
@@ -274,6 +274,11 @@ def _run_request(
             tmp=tmp,
         )
     )
+    if capture_output and result.stdout is None and result.returncode == EXIT_NOT_FOUND:
+        # The command never started: captured output is empty, not missing, and the
+        # reason is where the caller reads the command's errors.
+        result.stdout = b""
+        result.stderr = f"stockade: {argv[0]}: command not found\n".encode()
     completed = CompletedRun(result, text=text)
     if check and result.timed_out:
         raise SandboxTimeout(f"{argv[0]} timed out after {timeout:g}s and was killed")
