@@ -35,7 +35,16 @@ def test_policy_reference_is_the_generated_text() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["quickstart.md", "api.md", "mcp.md", "recipes.md", "srt.md", "dependencies.md"]
+    "name",
+    [
+        "quickstart.md",
+        "api.md",
+        "mcp.md",
+        "recipes.md",
+        "srt.md",
+        "dependencies.md",
+        "integrations.md",
+    ],
 )
 def test_page_exists_and_links_resolve(name: str) -> None:
     text = (DOCS / name).read_text(encoding="utf-8")
@@ -61,7 +70,7 @@ def test_toml_examples_are_valid_policies(name: str, tmp_path: Path) -> None:
         parse_policy_text(block, name, workspace=tmp_path)
 
 
-@pytest.mark.parametrize("name", ["api.md", "recipes.md", "quickstart.md"])
+@pytest.mark.parametrize("name", ["api.md", "recipes.md", "quickstart.md", "integrations.md"])
 def test_python_examples_compile(name: str) -> None:
     for i, block in enumerate(blocks(name, "python")):
         compile(block, f"{name}[{i}]", "exec")
