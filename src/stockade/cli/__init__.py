@@ -46,6 +46,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "stockade.cli.trust",
         "let this workspace's stockade.toml widen your policy (pinned by its hash)",
     ),
+    "changes": ("stockade.cli.changes", "list what an overlay run changed (or --list the layers)"),
+    "diff": ("stockade.cli.diff", "show an overlay run's changes as a unified diff"),
+    "apply": ("stockade.cli.apply", "write an overlay run's changes into the workspace"),
+    "discard": ("stockade.cli.discard", "throw an overlay run's layer away"),
     "export": (
         "stockade.cli.export",
         "write a policy as Kubernetes manifests (agent-sandbox, Pod, Deployment, gateway)",

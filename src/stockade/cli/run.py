@@ -54,6 +54,7 @@ def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
         "backend": None,
         "allow_host": [],
         "disable": [],
+        "overlay": False,
         "command": [],
     }
     i = 0
@@ -62,6 +63,10 @@ def fast_parse(argv: Sequence[str]) -> SimpleNamespace | None:
         if arg == "--":
             ns["command"] = list(argv[i:])
             return SimpleNamespace(**ns) if len(argv) > i + 1 else None
+        if arg == "--overlay":
+            ns["overlay"] = True
+            i += 1
+            continue
         name, eq, value = arg.partition("=")
         if name in _VALUES or name in _LISTS:
             if not eq:
@@ -125,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LAYER",
         choices=LAYERS,
         help=f"switch a layer off for this run (repeatable): {', '.join(LAYERS)}",
+    )
+    parser.add_argument(
+        "--overlay",
+        action="store_true",
+        help="keep the run's writes in a layer (the workspace stays untouched); review "
+        "with 'stockade changes/diff RUN', then 'stockade apply' or 'discard' (docs/overlay.md)",
     )
     parser.add_argument(
         "--audit",
@@ -316,6 +327,8 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
                 backend=args.backend, allow_degraded=policy.container.allow_degraded
             ),
         )
+    if getattr(args, "overlay", False):
+        policy = replace(policy, filesystem=replace(policy.filesystem, overlay=True))
     approval, channel = _approval(args, policy, command)
     if approval is False:
         return EXIT_STOCKADE_ERROR
@@ -335,6 +348,13 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         channel.close()
     for line in denial_summary(result.denials, result.audit_path, args.policy):
         print(line, file=sys.stderr)
+    if result.layer is not None:
+        print(
+            f"stockade: overlay run {result.run_id}: the workspace is untouched; review with "
+            f"'stockade changes {result.run_id}', then 'stockade apply {result.run_id}' or "
+            f"'stockade discard {result.run_id}'",
+            file=sys.stderr,
+        )
     return result.returncode
 
 

@@ -48,7 +48,11 @@
  *   "b=/abs/path"       protect: bind the path onto itself read-only, recursively
  *   "n=/abs/path"       mask a file: bind /dev/null over it, read-only
  *   "t=/abs/path"       mask a directory: an empty read-only tmpfs over it
- *                       (k, b, n and t records are applied in the order given)
+ *   "u=/abs/path"       the overlay layer directory (holding upper/ and work/) for
+ *                       the o records after it
+ *   "o=/abs/path"       mount an overlay over the path: the path itself is the lower
+ *                       layer, every write lands in the layer's upper/ (userxattr)
+ *                       (k, b, n, t and o records are applied in the order given)
  *   "N=0|1"             handle Landlock's TCP connect right (ABI 4): connecting is
  *                       refused but to the ports of "c" records (no namespace backend)
  *   "c=PORT"            a TCP port connect() may reach (repeatable; with N=1)
@@ -89,6 +93,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -188,6 +193,7 @@ struct ll_path_beneath_attr {
 #define __NR_fsmount 432
 #endif
 #define MT_FSOPEN_CLOEXEC 0x00000001
+#define MT_FSCONFIG_SET_FLAG 0
 #define MT_FSCONFIG_SET_STRING 1
 #define MT_FSCONFIG_CMD_CREATE 6
 #define MT_FSMOUNT_CLOEXEC 0x00000001
@@ -234,8 +240,9 @@ struct spec {
 	size_t n_connect;
 	struct { int resource; rlim_t value; } rlimits[9];
 	size_t n_rlimits;
-	/* k (pin), b (protect), n and t (mask) records, in spec order */
-	struct { char kind; const char *path; } binds[MAX_PATHS];
+	/* k (pin), b (protect), n and t (mask), o (overlay) records, in spec order */
+	struct { char kind; const char *path; const char *layer; } binds[MAX_PATHS];
+	const char *overlay_layer;
 	size_t n_binds;
 	/* X=1: the command's environment is envp (n_env entries, NULL-terminated) */
 	int own_env;
@@ -437,16 +444,25 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 			s->n_rlimits++;
 			break;
 		}
+		case 'u':
+			if (v[0] != '/')
+				die("bad spec: path \"%.200s\" is not absolute; pass absolute paths", v);
+			s->overlay_layer = v;
+			break;
 		case 'k':
 		case 'b':
 		case 'n':
 		case 't':
+		case 'o':
 			if (v[0] != '/')
 				die("bad spec: path \"%.200s\" is not absolute; pass absolute paths", v);
 			if (s->n_binds == MAX_PATHS)
 				die("bad spec: more than %d mounts; protect or mask parent directories", MAX_PATHS);
+			if (rec[0] == 'o' && !s->overlay_layer)
+				die("bad spec: overlay over %.200s before its layer (u=); rebuild the spec", v);
 			s->binds[s->n_binds].kind = rec[0];
 			s->binds[s->n_binds].path = v;
+			s->binds[s->n_binds].layer = rec[0] == 'o' ? s->overlay_layer : NULL;
 			s->n_binds++;
 			break;
 		case 'd':
@@ -755,6 +771,74 @@ static void mount_one(char kind, const char *path)
 	debug("mounted %c over %s", kind, path);
 }
 
+/* The kernel's own words for a failed fsconfig/fsmount (the fs context's log), so a
+ * refusal names its cause ("overlayfs: upper fs does not support xattr", ...). */
+static const char *fc_log(int ctx, char *buf, size_t cap)
+{
+	size_t len = 0;
+	buf[0] = '\0';
+	for (;;) {
+		ssize_t r = read(ctx, buf + len, cap - 1 - len);
+		if (r <= 0 || len + (size_t)r + 2 >= cap)
+			break;
+		len += (size_t)r;
+		buf[len++] = ';';
+		buf[len] = '\0';
+	}
+	return len ? buf : "no message from the kernel";
+}
+
+#define OVERLAYFS_SUPER_MAGIC 0x794c7630
+
+/* An overlay over `target` whose lower layer is `target` itself and whose upper and
+ * work directories are `layer`/upper and `layer`/work (bound in by the runtime, then
+ * masked). userxattr: in a user namespace overlayfs may only keep its metadata in
+ * user.overlay.* xattrs (trusted.* needs CAP_SYS_ADMIN in the initial namespace).
+ * Verified afterwards: overlayfs falls back to a read-only mount when it cannot make
+ * its work directory, and a read-only workspace would break the run without a word. */
+static void mount_overlay(const char *target, const char *layer)
+{
+	char upper[PATH_MAX], work[PATH_MAX], log[1024];
+	if (snprintf(upper, sizeof upper, "%s/upper", layer) >= (int)sizeof upper ||
+	    snprintf(work, sizeof work, "%s/work", layer) >= (int)sizeof work)
+		die("overlay layer path %.200s is too long", layer);
+	int ctx = (int)syscall(__NR_fsopen, "overlay", MT_FSOPEN_CLOEXEC);
+	if (ctx < 0)
+		die("fsopen(overlay) for the overlay workspace failed: %s; the kernel lacks overlayfs in user namespaces (Linux 5.11+, CONFIG_OVERLAY_FS), run without --overlay",
+		    errname(errno));
+	if (syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "lowerdir", target, 0) != 0 ||
+	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "upperdir", upper, 0) != 0 ||
+	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "workdir", work, 0) != 0 ||
+	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_FLAG, "userxattr", NULL, 0) != 0 ||
+	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_CMD_CREATE, NULL, NULL, 0) != 0) {
+		int e = errno;
+		die("overlay over %s refused by the kernel: %s (%s); the workspace must be a plain directory with no mount inside it, on a file system overlayfs accepts, and the state directory must support user xattrs",
+		    target, errname(e), fc_log(ctx, log, sizeof log));
+	}
+	int fd = (int)syscall(__NR_fsmount, ctx, MT_FSMOUNT_CLOEXEC, 0);
+	if (fd < 0) {
+		int e = errno;
+		die("fsmount(overlay) over %s failed: %s (%s)", target, errname(e),
+		    fc_log(ctx, log, sizeof log));
+	}
+	close(ctx);
+	struct mt_mount_attr attr = {.attr_set = MT_ATTR_NOSUID | MT_ATTR_NODEV};
+	if (syscall(__NR_mount_setattr, fd, "", MT_AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+		die("mount_setattr(overlay over %s) failed: %s", target, errname(errno));
+	if (syscall(__NR_move_mount, fd, "", AT_FDCWD, target, MT_MOVE_MOUNT_F_EMPTY_PATH) != 0)
+		die("move_mount(overlay over %s) failed: %s", target, errname(errno));
+	close(fd);
+	struct statfs sf;
+	struct statvfs sv;
+	if (statfs(target, &sf) != 0 || (unsigned long)sf.f_type != OVERLAYFS_SUPER_MAGIC)
+		die("verification failed: %s is not an overlay after mounting one over it; report a kernel bug",
+		    target);
+	if (statvfs(target, &sv) != 0 || (sv.f_flag & ST_RDONLY))
+		die("overlay over %s came up read-only: overlayfs could not use the work directory %s (dmesg says why); check the state directory's file system",
+		    target, work);
+	debug("mounted an overlay over %s (layer %s)", target, layer);
+}
+
 static void drop_all_caps(void)
 {
 	for (int cap = 0; cap <= 63; cap++)
@@ -910,8 +994,12 @@ int main(int argc, char **argv)
 			die("bad spec: mounts made by the launcher need Landlock (L=1); rebuild the spec");
 		if (unshare(CLONE_NEWNS) != 0)
 			die("unshare(CLONE_NEWNS) for the launcher's mounts failed: %s", errname(errno));
-		for (size_t i = 0; i < s.n_binds; i++)
-			mount_one(s.binds[i].kind, s.binds[i].path);
+		for (size_t i = 0; i < s.n_binds; i++) {
+			if (s.binds[i].kind == 'o')
+				mount_overlay(s.binds[i].path, s.binds[i].layer);
+			else
+				mount_one(s.binds[i].kind, s.binds[i].path);
+		}
 		/* The working directory bubblewrap chose was resolved before these mounts: one
 		 * inside a protected directory would still be the writable one below the new
 		 * mount. Resolve it again, through them. */

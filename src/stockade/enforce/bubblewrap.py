@@ -26,6 +26,9 @@ from stockade.policy._tables import SYSTEM_PATHS, SYSTEM_SECRETS
 
 #: Where stockade's own files (launcher, CA bundle) appear inside the sandbox.
 STOCKADE_DIR = "/run/stockade"
+#: Where an overlay workspace's layer (upper/ and work/) is bound for the launcher to
+#: mount the overlay; the launcher masks it right after, so the command never sees it.
+OVERLAY_DIR = STOCKADE_DIR + "/overlay"
 
 
 @record
@@ -65,6 +68,10 @@ class ContainerPlan:
     #: a host directory bound at /tmp, kept across runs (``Sandbox(tmp="session")``);
     #: None: a fresh tmpfs
     tmp: Path | None = None
+    #: an overlay workspace: the host directory holding the layer's upper/ and work/.
+    #: The workspace is then bound read-only and the launcher mounts the overlay over it
+    #: (needs ``launcher_binds``; see stockade.runtime._overlay)
+    overlay: Path | None = None
     system_paths: tuple[str, ...] = field(default=SYSTEM_PATHS)
 
 
@@ -84,7 +91,13 @@ def launcher_mounts(plan: ContainerPlan) -> list[tuple[str, str]]:
     order bubblewrap would make them (see ``LauncherSpec.mounts``); else none."""
     if not (plan.launcher_binds and plan.isolate):
         return []
+    # The overlay first: the protected binds and pins below then bind the overlay's
+    # paths (read-only inside the merged view), not the lower layer's.
+    overlay = (
+        [("o", str(plan.workspace)), ("t", OVERLAY_DIR)] if plan.overlay is not None else []
+    )
     return [
+        *overlay,
         *_secret_masks(),
         *(("k", str(p)) for p in plan.pinned),
         *(("b", str(p)) for p in plan.protected),
@@ -155,6 +168,10 @@ def build_argv(
             # gives up every capability before anything else runs (see _launcher.c).
             # CAP_SETPCAP lets it empty the bounding set too, as --cap-drop ALL would.
             argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
+            if plan.overlay is not None:
+                # overlayfs makes its work directory with mode 0 and works in it with
+                # the mounter's credentials: without this the mount comes up read-only.
+                argv += ["--cap-add", "CAP_DAC_OVERRIDE"]
         if not plan.share_net:
             argv.append("--unshare-net")
         argv += _bind_system(plan.system_paths)
@@ -174,7 +191,13 @@ def build_argv(
             argv += ["--ro-bind", str(path), str(path)]
         for path in plan.read:
             argv += ["--ro-bind-try", str(path), str(path)]
-        argv += ["--bind", str(plan.workspace), str(plan.workspace)]
+        if plan.overlay is not None:
+            # The real workspace is only the overlay's lower layer: read-only even in
+            # bubblewrap's own mount namespace, whatever happens above it.
+            argv += ["--ro-bind", str(plan.workspace), str(plan.workspace)]
+            argv += ["--bind", str(plan.overlay), OVERLAY_DIR]
+        else:
+            argv += ["--bind", str(plan.workspace), str(plan.workspace)]
         for path in plan.write:
             argv += ["--bind-try", str(path), str(path)]
         for private, stands_for in plan.staged:

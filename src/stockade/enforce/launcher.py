@@ -79,7 +79,9 @@ class LauncherSpec:
     #: (binds it onto itself), "b" binds a path onto itself read-only, "n" masks a file
     #: with /dev/null, "t" masks a directory with an empty read-only tmpfs. It needs
     #: CAP_SYS_ADMIN and CAP_SETPCAP in its user namespace for them, gives up every
-    #: capability after them, and refuses them without Landlock (see _launcher.c)
+    #: capability after them, and refuses them without Landlock (see _launcher.c);
+    #: "o" mounts an overlay over the path (the path is its lower layer) whose upper and
+    #: work directories are in ``overlay_layer`` (it needs CAP_DAC_OVERRIDE too)
     mounts: tuple[tuple[str, str], ...] = ()
     #: the command's environment, as (name, value) pairs: the launcher execs with exactly
     #: these instead of its own environment. Given when the launcher starts on the host
@@ -100,6 +102,8 @@ class LauncherSpec:
     #: an inherited fd to read one byte from before anything else (None: no hold): the
     #: runtime moves the launcher into the run's cgroup meanwhile
     hold_fd: int | None = None
+    #: the directory (inside the sandbox) holding the overlay's ``upper/`` and ``work/``
+    overlay_layer: str | None = None
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -144,9 +148,13 @@ def serialize(spec: LauncherSpec) -> bytes:
         if name not in ("nproc", "as", "fsize", "cpu", "nofile", "core", "data") or value < 0:
             raise ValueError(f"launcher spec: rlimit {name}={value} is not valid")
         out.append(rec("l", f"{name}:{value}"))
+    if spec.overlay_layer is not None:
+        out.append(rec("u", path(spec.overlay_layer)))
     for kind, where in spec.mounts:
-        if kind not in ("k", "b", "n", "t"):
-            raise ValueError(f"launcher spec: mount kind {kind!r} is not k, b, n or t")
+        if kind not in ("k", "b", "n", "t", "o"):
+            raise ValueError(f"launcher spec: mount kind {kind!r} is not k, b, n, t or o")
+        if kind == "o" and spec.overlay_layer is None:
+            raise ValueError(f"launcher spec: overlay over {where!r} without overlay_layer")
         out.append(rec(kind, path(where)))
     out += [rec("r", path(p)) for p in spec.read_paths]
     out += [rec("w", path(p)) for p in spec.write_paths]

@@ -459,6 +459,24 @@ def _build(
 
     # --- filesystem -------------------------------------------------------------
     home = Path.home().resolve()
+    overlay = False
+    if isinstance(fs.get("workspace"), dict):
+        # { path = ".", mode = "overlay" | "read-write" }
+        table = fs["workspace"]
+        for key in table:
+            if key not in ("path", "mode"):
+                raise v.fail(
+                    f"filesystem.workspace.{key}", table[key], "unknown key; it takes path and mode"
+                )
+        mode = table.get("mode", "read-write")
+        if mode not in WORKSPACE_MODES:
+            raise v.fail(
+                "filesystem.workspace.mode", mode, f"expected one of {', '.join(WORKSPACE_MODES)}"
+            )
+        overlay = mode == "overlay"
+        fs = {**fs, "workspace": table.get("path", ".")}
+        if "path" not in table:
+            fs = {k: val for k, val in fs.items() if k != "workspace"}
     if "workspace" in fs and not isinstance(fs["workspace"], str):
         raise v.fail("filesystem.workspace", fs["workspace"], "expected a path string")
     if ws_override is not None and (base is None or "workspace" not in fs):
@@ -624,7 +642,7 @@ def _build(
     )
 
     policy = Policy(
-        filesystem=FilesystemPolicy(workspace, read, write, deny, protect),
+        filesystem=FilesystemPolicy(workspace, read, write, deny, protect, overlay),
         env=EnvPolicy(tuple(passes), env_set),
         network=NetworkPolicy(
             allow, ndeny, hosts, tls_ports, rules, upstream_ca, transparent, upstream
@@ -688,6 +706,10 @@ def _min_limit(a: float, b: float) -> float:
     if b == 0:
         return a
     return min(a, b)
+
+
+#: ``filesystem.workspace.mode`` values
+WORKSPACE_MODES = ("read-write", "overlay")
 
 
 def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) -> Policy:
@@ -783,6 +805,8 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
             write=ws.filesystem.write if "write" in fs else base.filesystem.write,
             deny=base.filesystem.deny + ws.filesystem.deny,
             protect=base.filesystem.protect + ws.filesystem.protect,
+            # A workspace file may ask for an overlay (it only takes away), never drop one.
+            overlay=base.filesystem.overlay or ws.filesystem.overlay,
         ),
         env=EnvPolicy(
             pass_=ws.env.pass_ if "pass" in raw.get("env", {}) else base.env.pass_,

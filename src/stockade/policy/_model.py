@@ -50,6 +50,9 @@ class FilesystemPolicy:
     deny: tuple[str, ...] = ()
     #: paths inside writable areas that stay read-only (relative to the workspace)
     protect: tuple[str, ...] = ()
+    #: ``mode = "overlay"``: the run's writes land in a layer kept in stockade's state,
+    #: reviewed and applied or discarded afterwards; the real workspace is untouched
+    overlay: bool = False
 
 
 @record

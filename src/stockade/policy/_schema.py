@@ -22,7 +22,13 @@ class Key:
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "filesystem": {
-        "workspace": Key("path", '"."', "read-write root; relative to the current directory"),
+        "workspace": Key(
+            "path",
+            '"."',
+            "read-write root; relative to the current directory. "
+            '{ path = ".", mode = "overlay" } keeps the run\'s writes in a layer to review '
+            "and apply (stockade changes/diff/apply, see docs/overlay.md)",
+        ),
         "read": Key("paths", "[]", "extra read-only paths"),
         "write": Key("paths", "[]", "extra read-write paths; never / or your home directory"),
         "deny": Key(

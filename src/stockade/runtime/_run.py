@@ -115,11 +115,22 @@ class RunResult:
     audit_path: Path | None = None
     timed_out: bool = False
     duration: float = 0.0
+    #: an overlay run's layer directory (``stockade changes RUN_ID`` reads it)
+    layer: Path | None = None
 
     @property
     def denials(self) -> list[Event]:
         """The events whose verdict is ``deny``."""
         return [e for e in self.events if e.get("verdict") == "deny"]
+
+    @property
+    def changes(self) -> list[Any]:
+        """An overlay run's changes (:class:`stockade.workspace.Change`); [] otherwise."""
+        if self.layer is None:
+            return []
+        from stockade.workspace import Layer, scan
+
+        return scan(Layer(self.layer))
 
 
 def _gvisor(policy: Policy) -> bool:
@@ -411,6 +422,7 @@ def _execute(
     protection = paths.Protection((), (), ())
     claim: _placeholders.Claim | None = None
     staged: _newrepo.Staged | None = None
+    overlay_layer: Any = None
     returncode = 0
     timed_out = False
     stdout_data: bytes | None = None
@@ -505,7 +517,12 @@ def _execute(
                 guard = paths.guard_trust_roots(narrowed)
                 # No repository yet: .git is the run's own directory inside, adopted
                 # (sanitized) when the run is over, so `git init` works (_newrepo).
-                staged = _newrepo.stage(workspace, scratch.path) if writable_ws else None
+                # An overlay run adopts nothing behind the review: its .git stays protected.
+                staged = (
+                    _newrepo.stage(workspace, scratch.path)
+                    if writable_ws and not fs.overlay
+                    else None
+                )
                 if staged is not None:
                     claim.record_placeholder(staged.target)
                     protection = _without(protection, staged.target)
@@ -599,6 +616,9 @@ def _execute(
                 )
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
+            if fs.overlay:
+                overlay_layer = _begin_overlay(policy, plan, runsc is not None, audit)
+                plan = replace(plan, overlay=overlay_layer.root)
             if _resolve_command(request.argv, child_env, cwd) is None:
                 audit.emit(
                     "run_end",
@@ -766,6 +786,10 @@ def _execute(
                     egress_plan.close()
                 if staged is not None:
                     _adopt_repository(staged, claim, audit)
+                if overlay_layer is not None:
+                    from stockade.runtime import _overlay
+
+                    _overlay.end(overlay_layer, returncode)
     finally:
         left = claim.release() if claim is not None else []
         for path in left:
@@ -794,7 +818,31 @@ def _execute(
         audit_path=audit.path,
         timed_out=timed_out,
         duration=duration,
+        layer=overlay_layer.root if overlay_layer is not None else None,
     )
+
+
+def _begin_overlay(
+    policy: Policy, plan: bubblewrap.ContainerPlan, gvisor: bool, audit: AuditLog
+) -> Any:
+    """Refuse (fail closed) or make the run's overlay layer; see :mod:`._overlay`."""
+    from stockade.runtime import _overlay
+
+    refused = _overlay.refusal(
+        policy, gvisor=gvisor, launcher_binds=plan.isolate and plan.launcher_binds
+    )
+    if refused is not None:
+        raise refused
+    layer = _overlay.begin(audit.run_id, policy.filesystem.workspace)
+    audit.emit(
+        "overlay_layer",
+        layer="files",
+        verdict="report",
+        reason="path-protected",
+        detail="the workspace is an overlay: writes land in the layer, for review",
+        path=str(layer.root),
+    )
+    return layer
 
 
 def _working_dir(request: RunRequest, policy: Policy, home: Path) -> Path:
@@ -952,6 +1000,7 @@ def _launcher_plan(
         # does. Under gVisor the spec's capability sets are empty.
         drop_caps=not (layers.container or layers.egress),
         mounts=() if gvisor else tuple(bubblewrap.launcher_mounts(plan)),
+        overlay_layer=bubblewrap.OVERLAY_DIR if plan.overlay is not None else None,
     )
 
 

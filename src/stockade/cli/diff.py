@@ -1,0 +1,38 @@
+"""``stockade diff RUN [PATHS]``: a unified diff of what an overlay run changed."""
+
+from __future__ import annotations
+
+import json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``diff``."""
+    parser.usage = "stockade diff [--json] RUN [PATHS...]"
+    parser.add_argument("run", help="the run id (or a unique prefix) of an overlay run")
+    parser.add_argument("paths", nargs="*", help="only changes at or below these paths")
+    parser.add_argument("--json", action="store_true", help="each change with its diff, as JSON")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Print the diff; exit 0."""
+    import sys
+
+    from stockade.workspace import Layer, changes
+    from stockade.workspace._diff import diff_one
+
+    layer = Layer.open(args.run)
+    found = changes(layer, tuple(args.paths))
+    if args.json:
+        doc = {
+            "run": layer.run_id,
+            "changes": [{**c.to_json(), "diff": diff_one(layer, c)} for c in found],
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    for change in found:
+        sys.stdout.write(diff_one(layer, change))
+    return 0

@@ -1,0 +1,66 @@
+"""An overlay workspace for one run: the layer made before, its base recorded after.
+
+The sandbox sees the workspace as usual, but the launcher mounts an overlay over it
+(``enforce/_launcher.c``, record ``o``) whose upper layer lives in stockade's state
+(:class:`stockade.workspace.Layer`); bubblewrap binds the real workspace read-only as
+the lower layer. What the run wrote is then reviewed and applied or discarded
+(``stockade changes/diff/apply/discard``).
+
+Fail closed: an overlay needs the container layer (the mount namespace), the files layer
+(the launcher mounts only under Landlock, which also keeps the bubblewrap init's view,
+where the layer is bound, out of reach) and the new mount API; without any of them the
+run is refused with the reason, never given a read-write workspace instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stockade._exceptions import Unavailable
+from stockade.policy import Policy
+from stockade.workspace import Layer, record_base
+
+
+def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailable | None:
+    """Why this run cannot have an overlay workspace, or None when it can."""
+    layers = policy.layers
+    if gvisor:
+        return Unavailable(
+            "an overlay workspace with the gVisor backend",
+            "run it with --backend bubblewrap, or without --overlay",
+        )
+    if not layers.container:
+        return Unavailable(
+            "an overlay workspace without the container layer",
+            "keep the container layer on (the overlay is mounted in its mount namespace)",
+        )
+    if not layers.files:
+        return Unavailable(
+            "an overlay workspace without the files layer",
+            "keep the files layer on (the launcher mounts the overlay only under Landlock)",
+        )
+    if not launcher_binds:
+        return Unavailable(
+            "an overlay workspace on this kernel (the new mount API, Linux 5.12+, is missing)",
+            "upgrade the kernel, or run without --overlay",
+        )
+    return None
+
+
+def begin(run_id: str, workspace: Path) -> Layer:
+    """Make the run's layer (``$XDG_STATE_HOME/stockade/layers/RUN_ID``)."""
+    try:
+        return Layer.create(run_id, workspace)
+    except OSError as exc:
+        raise Unavailable(
+            f"the overlay layer directory ({exc.filename}: {exc.strerror})",
+            "make $XDG_STATE_HOME (~/.local/state) writable, or run without --overlay",
+        ) from None
+
+
+def end(layer: Layer, returncode: int) -> None:
+    """Record the base of every changed path and mark the layer finished."""
+    try:
+        record_base(layer)
+    finally:
+        layer.update(state="finished", returncode=returncode)

@@ -1,0 +1,377 @@
+"""Apply an overlay run's changes to the real workspace, or refuse them one by one.
+
+Each change is applied atomically (a new file is written beside its target and renamed
+over it), and only when the three-way check passes: the host's file must still be what
+it was when the run began (its base). The base of each changed path is recorded when the
+run ends (:func:`record_base`: inode, size, mtime and ctime, with any change during the
+run already marked); a layer whose run was killed before that has no record, and then a
+host file whose ctime is not older than the run's start counts as changed.
+
+Never applied, and listed as refused with the reason:
+
+- a path in the protected set (``.git/hooks``, ``.git/config``, ``.husky/``,
+  ``stockade.toml``, ... the tables in :mod:`stockade.policy._tables`, plus the policy's
+  ``filesystem.protect``), a git directory made anywhere in the tree, and ``.git``
+  itself: these run code on the host later;
+- anything below a symlink (every directory on the way is opened with ``O_NOFOLLOW``),
+  and a symlink that leads out of the workspace;
+- a special file (device, FIFO, socket); setuid, setgid bits are dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+from stockade._record import asdict, record
+from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED
+from stockade.workspace._changes import Change, is_whiteout, scan
+from stockade.workspace._diff import selected
+from stockade.workspace._layer import Layer, LayerError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@record
+class Outcome:
+    """What happened to one change."""
+
+    path: str
+    #: applied | refused
+    action: str
+    kind: str
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v != ""}
+
+
+def protected_reason(rel: str, extra: Sequence[str] = ()) -> str | None:
+    """Why ``rel`` (workspace-relative) is never applied, or None when it may be."""
+    parts = PurePosixPath(rel).parts
+    for pattern in (*DEFAULT_PROTECTED, *extra):
+        pp = PurePosixPath(pattern).parts
+        if len(parts) >= len(pp) and all(
+            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pp, strict=False)
+        ):
+            return f"protected path ({pattern}): it runs or is trusted on the host"
+    if parts and parts[0] == ".git" and len(parts) == 1:
+        return "protected path (.git): the repository itself is never replaced"
+    for i, part in enumerate(parts):
+        if part != ".git":
+            continue
+        below = parts[i + 1 :]
+        for name, _ in GIT_DIR_PROTECTED:
+            np = PurePosixPath(name).parts
+            if tuple(below[: len(np)]) == np:
+                return f"protected path (.git/{name}): git runs it on the host"
+        if i > 0:
+            return "a nested git repository: git on the host would run its configuration"
+    return None
+
+
+def record_base(layer: Layer) -> None:
+    """Record the host's state of every path the run changed (call once the run ended)."""
+    meta = layer.meta
+    t0 = int(meta.get("started_coarse_ns", 0))
+    base: dict[str, Any] = {}
+    workspace = str(layer.workspace)
+    for change in scan(layer):
+        for rel in filter(None, (change.path, change.old_path)):
+            base[rel] = _host_state(os.path.join(workspace, rel), t0)
+    layer.update(base=base)
+
+
+def _host_state(path: str, t0: int) -> dict[str, Any]:
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"exists": False}
+    return {
+        "exists": True,
+        "mode": st.st_mode,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        # Changed on the host after the run began: the layer's view of it is stale.
+        "changed_during_run": not stat.S_ISDIR(st.st_mode) and st.st_ctime_ns >= t0,
+    }
+
+
+def _conflict(change: Change, rel: str, host: os.stat_result | None, meta: dict[str, Any]) -> str | None:
+    """Why the host's ``rel`` is no longer the base the change was made on, or None."""
+    base = (meta.get("base") or {}).get(rel)
+    if base is not None:
+        if base.get("changed_during_run"):
+            return "changed on the host while the run ran"
+        if not base.get("exists"):
+            if host is None or (stat.S_ISDIR(host.st_mode) and change.type == "dir"):
+                return None
+            return "created on the host since the run began"
+        if host is None:
+            return "deleted on the host since the run began"
+        if stat.S_ISDIR(host.st_mode) and stat.S_ISDIR(base["mode"]):
+            return None  # a directory's own contents are checked file by file
+        now = (host.st_mode, host.st_ino, host.st_size, host.st_mtime_ns, host.st_ctime_ns)
+        then = (base["mode"], base["ino"], base["size"], base["mtime_ns"], base["ctime_ns"])
+        return None if now == then else "changed on the host since the run began"
+    # No record (the run was killed before its end): the run's start is the base.
+    if host is None:
+        return None if change.kind in ("added",) else "deleted on the host since the run began"
+    if stat.S_ISDIR(host.st_mode):
+        return None
+    if change.kind == "added":
+        return "created on the host since the run began"
+    if host.st_ctime_ns >= int(meta.get("started_coarse_ns", 0)):
+        return "changed on the host since the run began"
+    return None
+
+
+class _Refused(Exception):
+    pass
+
+
+def _open_parent(root_fd: int, rel: str, *, create: bool, upper: str) -> tuple[int, str]:
+    """An fd of ``rel``'s parent directory (making missing ones when ``create``), opened
+    component by component without following any symlink; and ``rel``'s last name."""
+    parts = PurePosixPath(rel).parts
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise _Refused(f"its directory {'/'.join(parts[: i + 1])} is gone") from None
+                mode = stat.S_IMODE(os.lstat(os.path.join(upper, *parts[: i + 1])).st_mode)
+                os.mkdir(part, mode & 0o1777, dir_fd=fd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (40, 20):  # ELOOP, ENOTDIR: a symlink or a file on the way
+                    raise _Refused(
+                        f"{'/'.join(parts[: i + 1])} is not a directory (a symlink?): "
+                        "nothing is applied through a link"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def _lstat_at(fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _escapes(workspace: str, rel: str, target: str) -> bool:
+    base = os.path.dirname(os.path.join(workspace, rel))
+    resolved = os.path.normpath(os.path.join(base, target))
+    return not (resolved == workspace or resolved.startswith(workspace.rstrip("/") + "/"))
+
+
+def _remove_at(fd: int, name: str, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        os.rmdir(name, dir_fd=fd)  # ENOTEMPTY: something was added there on the host
+    else:
+        os.unlink(name, dir_fd=fd)
+
+
+def _write_file(fd: int, name: str, source: str, mode: int) -> None:
+    tmp = f".stockade-apply-{os.getpid()}-{os.urandom(4).hex()}"
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            # copy_file_range shares extents where the file system can (a reflink);
+            # it may refuse across file systems, and plain copies finish the job.
+            with contextlib.suppress(OSError):
+                while os.copy_file_range(src, out, 1 << 30):
+                    pass
+            while chunk := os.read(src, 1 << 20):
+                os.write(out, chunk)
+            os.fchmod(out, mode & 0o1777)  # no setuid/setgid bit reaches the host
+            os.fsync(out)
+        finally:
+            os.close(out)
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(src)
+
+
+def _put(fd: int, name: str, change: Change, upper_path: str, host: os.stat_result | None) -> None:
+    """Make ``name`` in ``fd`` what the upper layer has at ``upper_path``."""
+    ust = os.lstat(upper_path)
+    if change.kind == "replaced" and host is not None and stat.S_ISDIR(host.st_mode):
+        _remove_at(fd, name, host)  # its contents were deleted (listed) before
+    if stat.S_ISREG(ust.st_mode):
+        _write_file(fd, name, upper_path, stat.S_IMODE(ust.st_mode))
+    elif stat.S_ISLNK(ust.st_mode):
+        tmp = f".stockade-apply-{os.getpid()}-{os.urandom(4).hex()}"
+        os.symlink(os.readlink(upper_path), tmp, dir_fd=fd)
+        try:
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+    elif stat.S_ISDIR(ust.st_mode):
+        mode = stat.S_IMODE(ust.st_mode) & 0o1777
+        if host is None or not stat.S_ISDIR(host.st_mode):
+            if host is not None:
+                _remove_at(fd, name, host)
+            os.mkdir(name, mode, dir_fd=fd)
+        dfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        try:
+            os.fchmod(dfd, mode)
+        finally:
+            os.close(dfd)
+
+
+def _forget(layer: Layer, rel: str) -> None:
+    """Take an applied path out of the upper layer, so the layer lists what is left."""
+    path = os.path.join(layer.upper, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)  # only once empty: its children are applied first
+        else:
+            os.unlink(path)
+    del st
+
+
+def apply(
+    layer: Layer,
+    paths: Iterable[str] = (),
+    *,
+    protect: Sequence[str] = (),
+    dry_run: bool = False,
+    choose: Any = None,
+) -> list[Outcome]:
+    """Apply the layer's changes at or below ``paths`` (all when empty); one
+    :class:`Outcome` per change. ``choose(change) -> bool``, when given, is asked about
+    each change that may be applied (``apply --interactive``)."""
+    if layer.state == "running":
+        raise LayerError(f"run {layer.run_id} is still running; apply its changes once it ended")
+    layer.check_workspace()
+    meta = layer.meta
+    changes = selected(scan(layer), paths)
+    workspace = str(layer.workspace)
+    upper = str(layer.upper)
+    # Deletions deepest first (a directory after its contents), then the rest top-down
+    # (a directory before what goes in it).
+    deletions = sorted((c for c in changes if c.kind == "deleted"), key=lambda c: c.path, reverse=True)
+    writes = sorted((c for c in changes if c.kind != "deleted"), key=lambda c: c.path)
+    root_fd = os.open(workspace, _DIR_FLAGS)
+    outcomes: list[Outcome] = []
+    applied: set[str] = set()
+    try:
+        for change in [*deletions, *writes]:
+            outcome = _apply_one(layer, root_fd, change, meta, protect, upper, workspace, dry_run, choose)
+            outcomes.append(outcome)
+            if outcome.action == "applied":
+                applied.add(change.path)
+    finally:
+        os.close(root_fd)
+    if not dry_run and applied:
+        for rel in sorted(applied, reverse=True):
+            _forget(layer, rel)
+        for c in changes:
+            if c.path in applied and c.old_path:
+                _forget(layer, c.old_path)
+        history = list(meta.get("applied", []))
+        history += [o.to_json() for o in outcomes if o.action == "applied"]
+        layer.update(applied=history)
+    return sorted(outcomes, key=lambda o: o.path)
+
+
+def _apply_one(
+    layer: Layer,
+    root_fd: int,
+    change: Change,
+    meta: dict[str, Any],
+    protect: Sequence[str],
+    upper: str,
+    workspace: str,
+    dry_run: bool,
+    choose: Any,
+) -> Outcome:
+    def refuse(reason: str) -> Outcome:
+        return Outcome(change.path, "refused", change.kind, reason)
+
+    for rel in filter(None, (change.path, change.old_path)):
+        why = protected_reason(rel, protect)
+        if why:
+            return refuse(why)
+    if change.type == "other":
+        return refuse("a special file (device, FIFO or socket) is never applied")
+    if change.type == "symlink" and change.kind != "deleted" and change.target is not None:
+        if _escapes(workspace, change.path, change.target):
+            return refuse(f"a symlink that leads out of the workspace ({change.target})")
+    try:
+        fd, name = _open_parent(root_fd, change.path, create=not dry_run and change.kind != "deleted", upper=upper)
+    except _Refused as exc:
+        return refuse(str(exc))
+    except FileNotFoundError:
+        return refuse("its directory is gone on the host")
+    try:
+        host = _lstat_at(fd, name)
+        why = _conflict(change, change.path, host, meta)
+        old: tuple[int, str, os.stat_result | None] | None = None
+        if why is None and change.kind == "renamed" and change.old_path:
+            ofd, oname = _open_parent(root_fd, change.old_path, create=False, upper=upper)
+            ohost = _lstat_at(ofd, oname)
+            old = (ofd, oname, ohost)
+            why = _conflict(change, change.old_path, ohost, meta)
+        if why is not None:
+            return refuse(why)
+        if choose is not None and not choose(change):
+            return Outcome(change.path, "skipped", change.kind, "not chosen")
+        if dry_run:
+            return Outcome(change.path, "applied", change.kind, "dry run")
+        if change.kind == "deleted":
+            if host is not None:
+                try:
+                    _remove_at(fd, name, host)
+                except OSError as exc:
+                    return refuse(f"cannot remove it: {exc.strerror} (changed on the host?)")
+        else:
+            upper_path = os.path.join(upper, change.path)
+            ust = os.lstat(upper_path)
+            if is_whiteout(upper_path, ust):
+                return refuse("the layer changed while applying")
+            _put(fd, name, change, upper_path, host)
+            if old is not None and old[2] is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old[1], dir_fd=old[0])
+        return Outcome(change.path, "applied", change.kind)
+    except _Refused as exc:
+        return refuse(str(exc))
+    except OSError as exc:
+        return refuse(f"{exc.strerror or exc}")
+    finally:
+        os.close(fd)
+        if "old" in locals() and old is not None:
+            os.close(old[0])
+
+
+def discard(layer: Layer) -> None:
+    """Throw the layer away: the real workspace keeps what it has."""
+    layer.discard()

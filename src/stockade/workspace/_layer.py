@@ -1,0 +1,224 @@
+"""Where an overlay run's writes live: one directory per run in stockade's state.
+
+``$XDG_STATE_HOME/stockade/layers/RUN_ID/`` holds ``upper/`` (the overlay's upper layer:
+every file the run wrote, whiteouts for what it deleted), ``work/`` (overlayfs's own
+scratch) and ``layer.json`` (the run, the workspace, when it began, and the base of each
+changed file once the run ended). None of it is bound into the sandbox where the
+command can reach it: the launcher masks the bind it mounts the overlay from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from stockade._exceptions import StockadeError
+
+#: the metadata format of ``layer.json``
+LAYER_FORMAT = 1
+
+
+class LayerError(StockadeError):
+    """A layer is missing, damaged, or cannot be used for what was asked (exit 125)."""
+
+
+def layers_dir() -> Path:
+    """``$XDG_STATE_HOME/stockade/layers`` (``~/.local/state`` when unset)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "stockade" / "layers"
+
+
+def coarse_now_ns() -> int:
+    """The clock the kernel stamps ctime with (coarse real time), in nanoseconds.
+
+    A file changed after this instant has a ctime at least this value, so comparing
+    a host file's ctime with a run's start says whether it changed since (a change made
+    within the same clock tick before the start counts as after: refused, never missed).
+    """
+    # Python does not name it; 5 is CLOCK_REALTIME_COARSE in <linux/time.h>.
+    return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    # Atomic: a reader (or a run killed mid-write) sees the old or the new file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Layer:
+    """One run's copy-on-write layer on disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.upper = root / "upper"
+        self.work = root / "work"
+        self.meta_path = root / "layer.json"
+
+    def __repr__(self) -> str:
+        return f"Layer({str(self.root)!r})"
+
+    # --- creation and lookup ------------------------------------------------------
+
+    @classmethod
+    def create(cls, run_id: str, workspace: Path, *, base: Path | None = None) -> Layer:
+        """Make the layer of run ``run_id`` over ``workspace`` (directories 0700).
+
+        The upper directory's root takes the workspace root's mode: overlayfs shows the
+        merged root with the upper root's attributes.
+        """
+        parent = base if base is not None else layers_dir()
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root = parent / run_id
+        root.mkdir(mode=0o700)
+        layer = cls(root)
+        st = os.stat(workspace)
+        layer.upper.mkdir(mode=0o700)
+        os.chmod(layer.upper, stat.S_IMODE(st.st_mode))
+        layer.work.mkdir(mode=0o700)
+        _write_json(
+            layer.meta_path,
+            {
+                "format": LAYER_FORMAT,
+                "run_id": run_id,
+                "workspace": str(workspace),
+                "workspace_dev": st.st_dev,
+                "workspace_ino": st.st_ino,
+                "started": time.time(),
+                "started_coarse_ns": coarse_now_ns(),
+                "state": "running",
+                "pid": os.getpid(),
+            },
+        )
+        return layer
+
+    @classmethod
+    def open(cls, run: str, *, base: Path | None = None) -> Layer:
+        """The layer of run ``run`` (a run id or a unique prefix of one, or a path)."""
+        if "/" in run:
+            root = Path(run)
+        else:
+            parent = base if base is not None else layers_dir()
+            if not run or run.startswith("."):
+                raise LayerError(f"{run!r} is not a run id; see 'stockade changes --list'")
+            root = parent / run
+            if not root.is_dir():
+                try:
+                    matches = [e.name for e in os.scandir(parent) if e.name.startswith(run)]
+                except FileNotFoundError:
+                    matches = []
+                if len(matches) > 1:
+                    raise LayerError(
+                        f"run {run!r} is ambiguous ({', '.join(sorted(matches))}); give more of it"
+                    )
+                if not matches:
+                    raise LayerError(
+                        f"no overlay layer for run {run!r} in {parent}; 'stockade changes --list' lists them"
+                    )
+                root = parent / matches[0]
+        layer = cls(root)
+        if not layer.meta_path.is_file() or not layer.upper.is_dir():
+            raise LayerError(f"{root} is not an overlay layer (no layer.json or upper/)")
+        return layer
+
+    @staticmethod
+    def all(base: Path | None = None) -> list[Layer]:
+        """Every layer under the state directory, oldest first."""
+        parent = base if base is not None else layers_dir()
+        try:
+            roots = [Path(e.path) for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        layers = [Layer(r) for r in roots if (r / "layer.json").is_file()]
+        return sorted(layers, key=lambda la: la.meta.get("started", 0))
+
+    # --- metadata -------------------------------------------------------------------
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        try:
+            with open(self.meta_path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise LayerError(f"{self.meta_path}: cannot read the layer's metadata: {exc}") from None
+        if not isinstance(data, dict) or data.get("format") != LAYER_FORMAT:
+            raise LayerError(f"{self.meta_path}: not a layer of format {LAYER_FORMAT}")
+        return data
+
+    def update(self, **changes: Any) -> None:
+        """Write ``changes`` into ``layer.json`` (atomically)."""
+        _write_json(self.meta_path, {**self.meta, **changes})
+
+    @property
+    def run_id(self) -> str:
+        return str(self.meta["run_id"])
+
+    @property
+    def workspace(self) -> Path:
+        return Path(self.meta["workspace"])
+
+    @property
+    def state(self) -> str:
+        """``running``, ``finished``, or ``interrupted`` (its run died before the end)."""
+        meta = self.meta
+        state = str(meta.get("state", "running"))
+        if state == "running":
+            pid = meta.get("pid")
+            if not isinstance(pid, int) or not _alive(pid):
+                return "interrupted"
+        return state
+
+    def check_workspace(self) -> None:
+        """Refuse when the workspace directory is not the one the run began on."""
+        meta = self.meta
+        try:
+            st = os.stat(self.workspace)
+        except OSError as exc:
+            raise LayerError(f"workspace {self.workspace} of run {self.run_id}: {exc.strerror}") from None
+        if (st.st_dev, st.st_ino) != (meta.get("workspace_dev"), meta.get("workspace_ino")):
+            raise LayerError(
+                f"workspace {self.workspace} is not the directory run {self.run_id} began on "
+                "(it was replaced since); nothing applied"
+            )
+
+    def discard(self) -> None:
+        """Remove the layer and everything in it."""
+        if self.state == "running":
+            raise LayerError(f"run {self.run_id} is still running; stop it before discarding its layer")
+        _remove_tree(self.root)
+
+
+def _alive(pid: int) -> bool:
+    from stockade._process import alive
+
+    return alive(pid)
+
+
+def _remove_tree(path: Path) -> None:
+    # overlayfs leaves work/work with mode 0: open each directory up before removing.
+    for root, dirs, files in os.walk(path, topdown=True):
+        for name in dirs:
+            full = os.path.join(root, name)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o700)
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+        for name in dirs:
+            full = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                os.unlink(full) if os.path.islink(full) else os.rmdir(full)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+    if os.path.lexists(path):
+        raise LayerError(f"could not remove {path} completely; remove it by hand")
