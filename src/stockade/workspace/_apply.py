@@ -170,7 +170,7 @@ def _open_parent(root_fd: int, rel: str, *, create: bool, upper: str) -> tuple[i
 def _lstat_at(fd: int, name: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
@@ -247,7 +247,7 @@ def _forget(layer: Layer, rel: str) -> None:
     path = os.path.join(layer.upper, rel)
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return
     with contextlib.suppress(OSError):
         if stat.S_ISDIR(st.st_mode):
