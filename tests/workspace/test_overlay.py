@@ -91,7 +91,9 @@ def nobody_command(world: World) -> tuple[list[str], dict[str, str]]:
     return [*setpriv, python, "-m", "stockade"], env
 
 
-def cli(world: World, who: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    world: World, who: str, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     if who == "nobody":
         cmd, env = nobody_command(world)
         return subprocess.run(
@@ -148,11 +150,15 @@ def test_overlay_run_leaves_the_workspace_untouched_and_lists_every_change(
         "blob.bin": "added",
     }
     assert changes["new.txt"]["old_path"] == "old.txt"
-    assert changes["run.sh"]["mode"] == "0o755" and changes["run.sh"]["old_mode"] == "0o644"
-    assert changes["in.lnk"]["type"] == "symlink" and changes["in.lnk"]["target"] == "keep.txt"
-    assert changes["a.txt"]["size"] == 8 and changes["a.txt"]["old_size"] == 6
+    assert changes["run.sh"]["mode"] == "0o755"
+    assert changes["run.sh"]["old_mode"] == "0o644"
+    assert changes["in.lnk"]["type"] == "symlink"
+    assert changes["in.lnk"]["target"] == "keep.txt"
+    assert changes["a.txt"]["size"] == 8
+    assert changes["a.txt"]["old_size"] == 6
     assert changes["blob.bin"].get("binary") is True
-    assert "keep.txt" not in changes and "same.txt" not in changes  # copied up, not changed
+    assert "keep.txt" not in changes
+    assert "same.txt" not in changes
 
 
 @pytest.mark.parametrize("who", WHO)
@@ -229,14 +235,13 @@ def test_apply_refuses_a_change_made_on_the_host_during_the_run(world: World) ->
     run = run_id_of(subprocess.CompletedProcess([], 0, "", err))
     out = world.stockade("apply", "--json", run)
     (o,) = json.loads(out.stdout)["outcomes"]
-    assert o["action"] == "refused" and "changed on the host" in o["reason"], o
+    assert o["action"] == "refused", o
+    assert "changed on the host" in o["reason"], o
     assert marker.read_text() == "host, during the run\n"
 
 
 @pytest.mark.parametrize("who", WHO)
-def test_protected_paths_and_nested_repositories_are_never_applied(
-    world: World, who: str
-) -> None:
+def test_protected_paths_and_nested_repositories_are_never_applied(world: World, who: str) -> None:
     _populate(world.workspace)
     (world.workspace / ".git").mkdir()
     (world.workspace / ".git" / "config").write_text("[core]\n")
@@ -364,7 +369,8 @@ def test_discard_drops_the_layer_and_keeps_the_workspace(world: World, who: str)
     assert cli(world, who, "discard", run).returncode == 0
     assert _tree(world.workspace) == before
     gone = cli(world, who, "changes", run)
-    assert gone.returncode == 125 and "no overlay layer" in gone.stderr
+    assert gone.returncode == 125
+    assert "no overlay layer" in gone.stderr
 
 
 def test_the_layer_is_out_of_the_sandboxs_reach(world: World) -> None:
@@ -382,17 +388,21 @@ def test_the_layer_is_out_of_the_sandboxs_reach(world: World) -> None:
     lines = proc.stdout.splitlines()
     assert lines[-1] == "w"  # the twin: the workspace itself is writable
     assert "No such file or directory" in proc.stdout  # the state directory is not there
-    assert "upper" not in proc.stdout and "work" not in proc.stdout.replace("w\n", "")
+    assert "upper" not in proc.stdout
+    assert "work" not in proc.stdout.replace("w\n", "")
 
 
 def test_overlay_fails_closed_without_the_files_layer(world: World) -> None:
     _populate(world.workspace)
-    proc = world.stockade("run", "--overlay", "--disable", "files", "--", "sh", "-c", "echo x > a.txt")
+    proc = world.stockade(
+        "run", "--overlay", "--disable", "files", "--", "sh", "-c", "echo x > a.txt"
+    )
     assert proc.returncode == 125
     assert "overlay workspace without the files layer" in proc.stderr
     assert (world.workspace / "a.txt").read_text() == "hello\n"
     proc = world.stockade("run", "--overlay", "--disable", "container", "--", "true")
-    assert proc.returncode == 125 and "without the container layer" in proc.stderr
+    assert proc.returncode == 125
+    assert "without the container layer" in proc.stderr
     # the twin: with the layers on, the same run works
     ok = world.stockade("run", "--overlay", "--", "sh", "-c", "echo x > a.txt")
     assert ok.returncode == 0, ok.stderr
@@ -408,8 +418,10 @@ def test_workspace_mode_overlay_in_the_policy(world: World) -> None:
     assert "a.txt" in changes_of(world, "root" if os.getuid() == 0 else "nobody", run_id_of(proc))
     policy.write_text('[filesystem]\nworkspace = { path = ".", mode = "copy" }\n')
     bad = world.stockade("run", "--policy", str(policy), "--", "true")
-    assert bad.returncode == 125 and "filesystem.workspace.mode" in bad.stderr
+    assert bad.returncode == 125
+    assert "filesystem.workspace.mode" in bad.stderr
     # the twin: the default mode is read-write
     policy.write_text('[filesystem]\nworkspace = { path = "." }\n')
     rw = world.stockade("run", "--policy", str(policy), "--", "sh", "-c", "echo p > a.txt")
-    assert rw.returncode == 0 and (world.workspace / "a.txt").read_text() == "p\n"
+    assert rw.returncode == 0
+    assert (world.workspace / "a.txt").read_text() == "p\n"

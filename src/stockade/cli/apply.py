@@ -83,7 +83,9 @@ def execute(args: argparse.Namespace) -> int:
     )
     refused = [o for o in outcomes if o.action == "refused"]
     if args.json:
-        print(json.dumps({"run": layer.run_id, "outcomes": [o.to_json() for o in outcomes]}, indent=1))
+        print(
+            json.dumps({"run": layer.run_id, "outcomes": [o.to_json() for o in outcomes]}, indent=1)
+        )
     else:
         for o in outcomes:
             tail = f": {o.reason}" if o.reason else ""

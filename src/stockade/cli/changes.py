@@ -44,7 +44,9 @@ def execute(args: argparse.Namespace) -> int:
         elif not rows:
             print("no overlay layers", file=sys.stderr)
         for row in rows if not args.json else []:
-            print(f"{row['run']}  {row['state']:<11} {row['changes']:>6} changes  {row['workspace']}")
+            print(
+                f"{row['run']}  {row['state']:<11} {row['changes']:>6} changes  {row['workspace']}"
+            )
         return 0
     layer = Layer.open(args.run)
     found = changes(layer, tuple(args.paths))

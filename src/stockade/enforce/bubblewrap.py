@@ -93,9 +93,7 @@ def launcher_mounts(plan: ContainerPlan) -> list[tuple[str, str]]:
         return []
     # The overlay first: the protected binds and pins below then bind the overlay's
     # paths (read-only inside the merged view), not the lower layer's.
-    overlay = (
-        [("o", str(plan.workspace)), ("t", OVERLAY_DIR)] if plan.overlay is not None else []
-    )
+    overlay = [("o", str(plan.workspace)), ("t", OVERLAY_DIR)] if plan.overlay is not None else []
     return [
         *overlay,
         *_secret_masks(),

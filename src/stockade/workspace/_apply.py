@@ -104,7 +104,9 @@ def _host_state(path: str, t0: int) -> dict[str, Any]:
     }
 
 
-def _conflict(change: Change, rel: str, host: os.stat_result | None, meta: dict[str, Any]) -> str | None:
+def _conflict(
+    change: Change, rel: str, host: os.stat_result | None, meta: dict[str, Any]
+) -> str | None:
     """Why the host's ``rel`` is no longer the base the change was made on, or None."""
     base = (meta.get("base") or {}).get(rel)
     if base is not None:
@@ -191,7 +193,12 @@ def _write_file(fd: int, name: str, source: str, mode: int) -> None:
     tmp = f".stockade-apply-{os.getpid()}-{os.urandom(4).hex()}"
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        out = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=fd,
+        )
         try:
             # copy_file_range shares extents where the file system can (a reflink);
             # it may refuse across file systems, and plain copies finish the job.
@@ -277,14 +284,18 @@ def apply(
     upper = str(layer.upper)
     # Deletions deepest first (a directory after its contents), then the rest top-down
     # (a directory before what goes in it).
-    deletions = sorted((c for c in changes if c.kind == "deleted"), key=lambda c: c.path, reverse=True)
+    deletions = sorted(
+        (c for c in changes if c.kind == "deleted"), key=lambda c: c.path, reverse=True
+    )
     writes = sorted((c for c in changes if c.kind != "deleted"), key=lambda c: c.path)
     root_fd = os.open(workspace, _DIR_FLAGS)
     outcomes: list[Outcome] = []
     applied: set[str] = set()
     try:
         for change in [*deletions, *writes]:
-            outcome = _apply_one(layer, root_fd, change, meta, protect, upper, workspace, dry_run, choose)
+            outcome = _apply_one(
+                layer, root_fd, change, meta, protect, upper, workspace, dry_run, choose
+            )
             outcomes.append(outcome)
             if outcome.action == "applied":
                 applied.add(change.path)
@@ -322,11 +333,13 @@ def _apply_one(
             return refuse(why)
     if change.type == "other":
         return refuse("a special file (device, FIFO or socket) is never applied")
-    if change.type == "symlink" and change.kind != "deleted" and change.target is not None:
-        if _escapes(workspace, change.path, change.target):
-            return refuse(f"a symlink that leads out of the workspace ({change.target})")
+    link = change.type == "symlink" and change.kind != "deleted" and change.target is not None
+    if link and _escapes(workspace, change.path, change.target or ""):
+        return refuse(f"a symlink that leads out of the workspace ({change.target})")
     try:
-        fd, name = _open_parent(root_fd, change.path, create=not dry_run and change.kind != "deleted", upper=upper)
+        fd, name = _open_parent(
+            root_fd, change.path, create=not dry_run and change.kind != "deleted", upper=upper
+        )
     except _Refused as exc:
         return refuse(str(exc))
     except FileNotFoundError:

@@ -74,14 +74,24 @@ class Change:
         if self.binary:
             extra.append("binary")
         if self.size is not None and self.type == "file":
-            extra.append(_size(self.size) if self.old_size is None else f"{_size(self.old_size)} -> {_size(self.size)}")
+            extra.append(
+                _size(self.size)
+                if self.old_size is None
+                else f"{_size(self.old_size)} -> {_size(self.size)}"
+            )
         suffix = "/" if self.type == "dir" else ""
         tail = f"  ({', '.join(extra)})" if extra else ""
         return f"{tag} {self.path}{suffix}{tail}"
 
 
 def _size(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+    return (
+        f"{n} B"
+        if n < 1024
+        else f"{n / 1024:.1f} KiB"
+        if n < 1 << 20
+        else f"{n / (1 << 20):.1f} MiB"
+    )
 
 
 def _type(mode: int) -> str:
@@ -163,14 +173,18 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def _entry(kind: str, rel: str, full: str, st: os.stat_result, lower: os.stat_result | None) -> Change:
+def _entry(
+    kind: str, rel: str, full: str, st: os.stat_result, lower: os.stat_result | None
+) -> Change:
     t = _type(st.st_mode)
     return Change(
         path=rel,
         kind=kind,
         type=t,
         size=st.st_size if t == "file" else None,
-        old_size=lower.st_size if lower is not None and kind != "added" and stat.S_ISREG(lower.st_mode) else None,
+        old_size=lower.st_size
+        if lower is not None and kind != "added" and stat.S_ISREG(lower.st_mode)
+        else None,
         mode=stat.S_IMODE(st.st_mode),
         old_mode=stat.S_IMODE(lower.st_mode) if lower is not None and kind != "added" else None,
         binary=t == "file" and is_binary(full),

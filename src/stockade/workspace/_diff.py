@@ -54,7 +54,10 @@ def diff_one(layer: Layer, change: Change) -> str:
     if change.binary or _large(old_path) or _large(new_path) or _binary_old(old_path):
         if change.kind == "renamed":
             return head
-        return head + f"Binary files {a if old_path else '/dev/null'} and {b if new_path else '/dev/null'} differ\n"
+        return (
+            head
+            + f"Binary files {a if old_path else '/dev/null'} and {b if new_path else '/dev/null'} differ\n"
+        )
     try:
         old = _lines(old_path) if old_path and os.path.isfile(old_path) else []
         new = _lines(new_path) if new_path else []

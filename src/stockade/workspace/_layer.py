@@ -182,7 +182,9 @@ class Layer:
         try:
             st = os.stat(self.workspace)
         except OSError as exc:
-            raise LayerError(f"workspace {self.workspace} of run {self.run_id}: {exc.strerror}") from None
+            raise LayerError(
+                f"workspace {self.workspace} of run {self.run_id}: {exc.strerror}"
+            ) from None
         if (st.st_dev, st.st_ino) != (meta.get("workspace_dev"), meta.get("workspace_ino")):
             raise LayerError(
                 f"workspace {self.workspace} is not the directory run {self.run_id} began on "
@@ -192,7 +194,9 @@ class Layer:
     def discard(self) -> None:
         """Remove the layer and everything in it."""
         if self.state == "running":
-            raise LayerError(f"run {self.run_id} is still running; stop it before discarding its layer")
+            raise LayerError(
+                f"run {self.run_id} is still running; stop it before discarding its layer"
+            )
         _remove_tree(self.root)
 
 
@@ -204,7 +208,7 @@ def _alive(pid: int) -> bool:
 
 def _remove_tree(path: Path) -> None:
     # overlayfs leaves work/work with mode 0: open each directory up before removing.
-    for root, dirs, files in os.walk(path, topdown=True):
+    for root, dirs, _files in os.walk(path, topdown=True):
         for name in dirs:
             full = os.path.join(root, name)
             if not os.path.islink(full):
