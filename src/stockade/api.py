@@ -118,6 +118,12 @@ def with_env(policy: Policy, set_env: Mapping[str, str] | None) -> Policy:
     return replace(policy, env=replace(policy.env, set=merged))
 
 
+def _with_overlay(policy: Policy, overlay: bool) -> Policy:
+    if not overlay:
+        return policy
+    return replace(policy, filesystem=replace(policy.filesystem, overlay=True))
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -136,6 +142,7 @@ def run(
     ask: Approver | None = None,
     ask_timeout: float = 120.0,
     set_env: Mapping[str, str] | None = None,
+    overlay: bool = False,
 ) -> CompletedRun:
     """Run ``argv`` inside a sandbox and wait for it.
 
@@ -163,6 +170,9 @@ def run(
             :meth:`Sandbox.arun`). None: such hosts are denied, as without asking.
         ask_timeout: seconds an answer may take; then the request is denied. The
             command's ``timeout`` stands still while an ask waits.
+        overlay: keep the run's writes in a layer, the real workspace untouched; the
+            result's ``changes`` lists them (apply with :func:`stockade.workspace.apply`
+            or ``stockade apply RUN``).
 
     Raises:
         PolicyError: the policy is invalid.
@@ -170,7 +180,9 @@ def run(
         SandboxError: the sandbox failed, or ``check`` and a non-zero exit.
         TypeError: ``ask`` is an async approver.
     """
-    loaded = with_env(_policy(policy, workspace, allow_hosts, disable), set_env)
+    loaded = _with_overlay(
+        with_env(_policy(policy, workspace, allow_hosts, disable), set_env), overlay
+    )
     if ask is not None and _is_async(ask):
         raise TypeError("an async approver needs Sandbox.arun; give run() a sync one")
     approval = _broker(loaded, ask, ask_timeout) if ask is not None else None
@@ -252,6 +264,7 @@ def _run_request(
     approval: Any = None,
     handle: Any = None,
     tmp: Path | None = None,
+    overlay_layer: Any = None,
 ) -> CompletedRun:
     from stockade._exceptions import EXIT_NOT_FOUND, SandboxTimeout
 
@@ -272,6 +285,7 @@ def _run_request(
             approval=approval,
             handle=handle,
             tmp=tmp,
+            overlay_layer=overlay_layer,
         )
     )
     if capture_output and result.stdout is None and result.returncode == EXIT_NOT_FOUND:
@@ -332,14 +346,22 @@ class Sandbox:
         ask_timeout: float = 120.0,
         set_env: Mapping[str, str] | None = None,
         tmp: str | None = None,
+        overlay: bool = False,
     ) -> None:
         if tmp not in (None, "run", "session"):
             raise ValueError(f'tmp={tmp!r}: "run" (a fresh /tmp per run) or "session"')
-        self.policy = with_env(_policy(policy, workspace, allow_hosts, disable), set_env)
+        self.policy = _with_overlay(
+            with_env(_policy(policy, workspace, allow_hosts, disable), set_env), overlay
+        )
         #: "session": one private /tmp kept across this Sandbox's runs (made when first
         #: needed, removed by :meth:`close`); "run" (None): a fresh one per run
         self.tmp = tmp or "run"
         self._tmp_dir: Path | None = None
+        # An overlay Sandbox: every run mounts the same layer (made by the first run), so
+        # a run sees what the ones before it wrote; overlayfs does not share an upper
+        # layer between mounts at once, so those runs take turns.
+        self._layer: Any = None
+        self._overlay_lock = threading.Lock()
         self._approvals = _broker(self.policy, ask, ask_timeout)
         self._async_ask = ask is not None and _is_async(ask)
         self._audit = Path(os.fspath(audit)) if audit is not None else None
@@ -412,6 +434,34 @@ class Sandbox:
     ) -> CompletedRun:
         if self._closed:
             raise SandboxError("this Sandbox is closed; make a new one")
+        if self.policy.filesystem.overlay:
+            with self._overlay_lock:
+                result = self._run_once(
+                    argv, cwd, timeout, capture_output, text, input, False, set_env, handle
+                )
+                if self._layer is None and result._result.layer is not None:
+                    from stockade.workspace import Layer
+
+                    self._layer = Layer(result._result.layer)
+            if check:
+                _check(argv, result, timeout)
+            return result
+        return self._run_once(
+            argv, cwd, timeout, capture_output, text, input, check, set_env, handle
+        )
+
+    def _run_once(
+        self,
+        argv: Sequence[str],
+        cwd: str | os.PathLike[str] | None,
+        timeout: float | None,
+        capture_output: bool,
+        text: bool,
+        input: str | bytes | None,  # noqa: A002 - the name subprocess.run uses
+        check: bool,
+        set_env: Mapping[str, str] | None = None,
+        handle: Any = None,
+    ) -> CompletedRun:
         return _run_request(
             argv,
             with_env(self.policy, set_env),
@@ -427,7 +477,62 @@ class Sandbox:
             env=self._env,
             egress=self._prepare(),
             approval=self._approvals,
+            overlay_layer=self._layer,
         )
+
+    # -- the overlay layer (Sandbox(overlay=True)) -------------------------------------------
+
+    def _overlay(self) -> Any:
+        if not self.policy.filesystem.overlay:
+            raise SandboxError("this Sandbox has no overlay workspace; make it with overlay=True")
+        return self._layer
+
+    @property
+    def layer(self) -> Path | None:
+        """The directory of this overlay Sandbox's layer (None before its first run)."""
+        layer = self._overlay()
+        return None if layer is None else Path(layer.root)
+
+    def changes(self, paths: Sequence[str] = ()) -> list[Any]:
+        """What this overlay Sandbox's runs changed and is not applied yet
+        (:class:`stockade.workspace.Change`), at or below ``paths`` (all when empty)."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        return [] if layer is None else workspace.changes(layer, tuple(paths))
+
+    def diff(self, paths: Sequence[str] = ()) -> str:
+        """The unified diff of :meth:`changes` (binary files named, not dumped)."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        if layer is None:
+            return ""
+        return workspace.diff(layer, workspace.changes(layer, tuple(paths)))
+
+    def apply(self, paths: Sequence[str] = (), *, dry_run: bool = False) -> list[Any]:
+        """Write the changes into the real workspace (each file atomically, after a
+        three-way check; protected paths and symlinks out refused); one
+        :class:`stockade.workspace.Outcome` per change."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        if layer is None:
+            return []
+        with self._overlay_lock:
+            return workspace.apply(
+                layer, tuple(paths), protect=self.policy.filesystem.protect, dry_run=dry_run
+            )
+
+    def discard(self) -> None:
+        """Throw the layer away; the next run starts from the real workspace again."""
+        layer = self._overlay()
+        if layer is not None:
+            with self._overlay_lock:
+                from stockade import workspace
+
+                workspace.discard(layer)
+                self._layer = None
 
     async def arun(
         self,
@@ -683,6 +788,15 @@ class Sandbox:
             self._scratch = None
 
 
+def _check(argv: Sequence[str], result: CompletedRun, timeout: float | None) -> None:
+    from stockade._exceptions import SandboxTimeout
+
+    if result.timed_out:
+        raise SandboxTimeout(f"{argv[0]} timed out after {timeout:g}s and was killed")
+    if result.returncode != 0:
+        raise SandboxError(f"{argv[0]} exited with {result.returncode}")
+
+
 class CompletedRun:
     """The result of :func:`run`: like :class:`subprocess.CompletedProcess`, plus events."""
 
@@ -722,6 +836,17 @@ class CompletedRun:
     def timed_out(self) -> bool:
         """True when the wall-time limit killed the command."""
         return self._result.timed_out
+
+    @property
+    def layer(self) -> Path | None:
+        """An overlay run's layer directory (None for a read-write workspace)."""
+        return self._result.layer
+
+    @property
+    def changes(self) -> list[Any]:
+        """An overlay run's changes (:class:`stockade.workspace.Change`), not yet
+        applied; [] for a read-write workspace."""
+        return self._result.changes
 
     def __repr__(self) -> str:
         return f"CompletedRun(args={self.args!r}, returncode={self.returncode})"

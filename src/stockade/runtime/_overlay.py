@@ -47,8 +47,19 @@ def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailabl
     return None
 
 
-def begin(run_id: str, workspace: Path) -> Layer:
-    """Make the run's layer (``$XDG_STATE_HOME/stockade/layers/RUN_ID``)."""
+def begin(run_id: str, workspace: Path, existing: Layer | None = None) -> Layer:
+    """Make the run's layer (``$XDG_STATE_HOME/stockade/layers/RUN_ID``), or mark an
+    existing one (a Sandbox session's) in use again."""
+    import os
+
+    if existing is not None:
+        if existing.workspace != workspace:
+            raise Unavailable(
+                f"the overlay layer of {existing.workspace} for workspace {workspace}",
+                "use one Sandbox per workspace",
+            )
+        existing.update(state="running", pid=os.getpid(), last_run=run_id)
+        return existing
     try:
         return Layer.create(run_id, workspace)
     except OSError as exc:

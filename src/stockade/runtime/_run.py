@@ -100,6 +100,9 @@ class RunRequest:
     handle: Any = None
     #: a host directory bound at /tmp (``Sandbox(tmp="session")``); None: a fresh tmpfs
     tmp: Path | None = None
+    #: an overlay workspace's existing layer (:class:`stockade.workspace.Layer`) to mount
+    #: again, as the runs of one overlay Sandbox share one; None: a new one per run
+    overlay_layer: Any = None
 
 
 @record(frozen=False)
@@ -616,8 +619,10 @@ def _execute(
                 )
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
-            if fs.overlay:
-                overlay_layer = _begin_overlay(policy, plan, runsc is not None, audit)
+            if fs.overlay or request.overlay_layer is not None:
+                overlay_layer = _begin_overlay(
+                    policy, plan, runsc is not None, audit, request.overlay_layer
+                )
                 plan = replace(plan, overlay=overlay_layer.root)
             if _resolve_command(request.argv, child_env, cwd) is None:
                 audit.emit(
@@ -823,9 +828,14 @@ def _execute(
 
 
 def _begin_overlay(
-    policy: Policy, plan: bubblewrap.ContainerPlan, gvisor: bool, audit: AuditLog
+    policy: Policy,
+    plan: bubblewrap.ContainerPlan,
+    gvisor: bool,
+    audit: AuditLog,
+    existing: Any = None,
 ) -> Any:
-    """Refuse (fail closed) or make the run's overlay layer; see :mod:`._overlay`."""
+    """Refuse (fail closed) or make (or reopen) the run's overlay layer; see
+    :mod:`._overlay`."""
     from stockade.runtime import _overlay
 
     refused = _overlay.refusal(
@@ -833,7 +843,7 @@ def _begin_overlay(
     )
     if refused is not None:
         raise refused
-    layer = _overlay.begin(audit.run_id, policy.filesystem.workspace)
+    layer = _overlay.begin(audit.run_id, policy.filesystem.workspace, existing)
     audit.emit(
         "overlay_layer",
         layer="files",

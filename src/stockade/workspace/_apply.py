@@ -32,7 +32,7 @@ from stockade._record import asdict, record
 from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED
 from stockade.workspace._changes import Change, is_whiteout, scan
 from stockade.workspace._diff import selected
-from stockade.workspace._layer import Layer, LayerError
+from stockade.workspace._layer import Layer, LayerError, coarse_now_ns
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -76,14 +76,20 @@ def protected_reason(rel: str, extra: Sequence[str] = ()) -> str | None:
 
 
 def record_base(layer: Layer) -> None:
-    """Record the host's state of every path the run changed (call once the run ended)."""
+    """Record the host's state of every path the layer changes (call once a run ended).
+
+    A path recorded already keeps its record: the base is the host's file as the layer
+    first met it, and a later run of the same layer (a Sandbox session) changes nothing
+    about that. Paths the layer no longer changes are dropped.
+    """
     meta = layer.meta
     t0 = int(meta.get("started_coarse_ns", 0))
+    old: dict[str, Any] = meta.get("base") or {}
     base: dict[str, Any] = {}
     workspace = str(layer.workspace)
     for change in scan(layer):
         for rel in filter(None, (change.path, change.old_path)):
-            base[rel] = _host_state(os.path.join(workspace, rel), t0)
+            base[rel] = old.get(rel) or _host_state(os.path.join(workspace, rel), t0)
     layer.update(base=base)
 
 
@@ -278,6 +284,10 @@ def apply(
     if layer.state == "running":
         raise LayerError(f"run {layer.run_id} is still running; apply its changes once it ended")
     layer.check_workspace()
+    if "base" not in layer.meta:
+        # The run was killed before its end recorded the base: record it now, from the
+        # run's start (a host file changed since is marked as such).
+        record_base(layer)
     meta = layer.meta
     changes = selected(scan(layer), paths)
     workspace = str(layer.workspace)
@@ -309,7 +319,11 @@ def apply(
                 _forget(layer, c.old_path)
         history = list(meta.get("applied", []))
         history += [o.to_json() for o in outcomes if o.action == "applied"]
-        layer.update(applied=history)
+        gone = applied | {c.old_path for c in changes if c.path in applied and c.old_path}
+        base = {k: v for k, v in (meta.get("base") or {}).items() if k not in gone}
+        # What this apply wrote is now the host's own: a later run of the layer (a
+        # Sandbox session) measures host changes from here on.
+        layer.update(applied=history, base=base, started_coarse_ns=coarse_now_ns())
     return sorted(outcomes, key=lambda o: o.path)
 
 
