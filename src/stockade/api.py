@@ -362,6 +362,7 @@ class Sandbox:
         # layer between mounts at once, so those runs take turns.
         self._layer: Any = None
         self._overlay_lock = threading.Lock()
+        self._restock: threading.Thread | None = None
         self._approvals = _broker(self.policy, ask, ask_timeout)
         self._async_ask = ask is not None and _is_async(ask)
         self._audit = Path(os.fspath(audit)) if audit is not None else None
@@ -436,6 +437,7 @@ class Sandbox:
             raise SandboxError("this Sandbox is closed; make a new one")
         if self.policy.filesystem.overlay:
             with self._overlay_lock:
+                self._settle()
                 result = self._run_once(
                     argv, cwd, timeout, capture_output, text, input, False, set_env, handle
                 )
@@ -523,6 +525,49 @@ class Sandbox:
             return workspace.apply(
                 layer, tuple(paths), protect=self.policy.filesystem.protect, dry_run=dry_run
             )
+
+    def checkpoint(self, name: str) -> None:
+        """Record this overlay Sandbox's layer as it is now under ``name`` (a copy, by
+        reflink where the file system has it); :meth:`rollback` returns to it."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        with self._overlay_lock:
+            self._settle()
+            if layer is None:
+                # Before the first run: an empty layer, so that rolling back to this
+                # checkpoint means "the workspace as it is".
+                layer = self._layer = workspace.Layer.create(
+                    os.urandom(6).hex(), self.policy.filesystem.workspace
+                )
+                layer.update(state="finished")
+            workspace.checkpoint(layer, name)
+
+    def rollback(self, name: str) -> None:
+        """Make the layer what it was at checkpoint ``name``: the next run sees the
+        workspace view of that moment (two renames, whatever the size of the tree)."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        if layer is None:
+            raise SandboxError(f"no checkpoint {name!r}: this Sandbox has made none")
+        with self._overlay_lock:
+            self._settle()
+            self._restock = workspace.rollback(layer, name)
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The checkpoints of this overlay Sandbox's layer, oldest first."""
+        from stockade import workspace
+
+        layer = self._overlay()
+        return [] if layer is None else workspace.checkpoints(layer)
+
+    def _settle(self) -> None:
+        # A rollback restocks its checkpoint in a thread: let it finish first.
+        restock = self._restock
+        if restock is not None:
+            restock.join()
+            self._restock = None
 
     def discard(self) -> None:
         """Throw the layer away; the next run starts from the real workspace again."""
@@ -773,6 +818,8 @@ class Sandbox:
         """Stop the shared proxy loop and remove the shared scratch files (and the
         session's /tmp)."""
         self._closed = True
+        if self.policy.filesystem.overlay:
+            self._settle()
         if self._tmp_dir is not None:
             import shutil
 

@@ -106,3 +106,73 @@ def test_policy_protect_entries_are_refused_too() -> None:
     assert protected_reason("ci/deploy.sh", ("ci",)) is not None
     assert protected_reason("ci/deploy.sh") is None
     assert os.sep == "/"
+
+
+CHECKPOINT_SCRIPT = """
+import json, sys
+import stockade
+
+ws = sys.argv[1]
+out = {}
+with stockade.Sandbox(workspace=ws, overlay=True) as sb:
+    sb.checkpoint("empty")
+    sb.run(["sh", "-c", "echo one > a.txt; rm gone.txt; mkdir d; echo x > d/x"], check=True)
+    sb.checkpoint("one")
+    sb.run(["sh", "-c", "echo two > a.txt; echo back > gone.txt; rm -r d; echo b > b"], check=True)
+    def view():
+        # (HEAD and stockade.toml: the protected paths' empty placeholders)
+        ls = "ls | grep -vx -e HEAD -e stockade.toml"
+        r = sb.run(["sh", "-c", "cat a.txt; " + ls], capture_output=True, text=True, check=True)
+        return r.stdout
+    out["two"] = view()
+    sb.rollback("one")
+    out["one"] = view()
+    sb.run(["sh", "-c", "echo three > a.txt"], check=True)
+    sb.rollback("one")  # a second time: the checkpoint was restocked
+    out["one_again"] = view()
+    sb.rollback("empty")
+    out["empty"] = view()
+    out["names"] = [c["name"] for c in sb.checkpoints()]
+    out["changes"] = [c.path for c in sb.changes()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_checkpoint_and_rollback_round_trips(ws: Path, world: World, who: str) -> None:
+    import json
+    import subprocess
+
+    from tests.workspace.test_overlay import nobody_command
+
+    (ws / "gone.txt").write_text("gone\n")
+    if who == "nobody":
+        cmd, env = nobody_command(world)
+        python = cmd[:-2]  # [setpriv ..., python]
+    else:
+        if os.getuid() != 0:
+            pytest.skip("the root variant needs root")
+        import sys
+
+        python, env = [sys.executable], world.env
+    proc = subprocess.run(
+        [*python, "-c", CHECKPOINT_SCRIPT, str(ws)],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["two"] == "two\nREADME\na.txt\nb\ngone.txt\n"
+    assert out["one"] == "one\nREADME\na.txt\nd\n"  # gone.txt deleted again, d back
+    assert out["one_again"] == out["one"]
+    assert out["empty"] == "hello\nREADME\na.txt\ngone.txt\n"  # the workspace as it is
+    assert out["names"] == ["empty", "one"]
+    assert out["changes"] == []
+    # The real workspace never changed.
+    assert (ws / "a.txt").read_text() == "hello\n"
+    assert (ws / "gone.txt").read_text() == "gone\n"
+    assert not (ws / "d").exists()

@@ -50,6 +50,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "diff": ("stockade.cli.diff", "show an overlay run's changes as a unified diff"),
     "apply": ("stockade.cli.apply", "write an overlay run's changes into the workspace"),
     "discard": ("stockade.cli.discard", "throw an overlay run's layer away"),
+    "checkpoints": ("stockade.cli.checkpoints", "list an overlay layer's checkpoints"),
     "export": (
         "stockade.cli.export",
         "write a policy as Kubernetes manifests (agent-sandbox, Pod, Deployment, gateway)",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from stockade.workspace._apply import Outcome, apply, discard, protected_reason, record_base
 from stockade.workspace._changes import Change, scan
+from stockade.workspace._checkpoint import checkpoint, checkpoints, delete_checkpoint, rollback
 from stockade.workspace._diff import diff, selected
 from stockade.workspace._layer import Layer, LayerError, layers_dir
 
@@ -23,11 +24,15 @@ __all__ = [
     "Outcome",
     "apply",
     "changes",
+    "checkpoint",
+    "checkpoints",
+    "delete_checkpoint",
     "diff",
     "discard",
     "layers_dir",
     "protected_reason",
     "record_base",
+    "rollback",
     "scan",
     "selected",
 ]

@@ -1,0 +1,175 @@
+"""The overlay workspace's cost, against a read-write workspace, measured in one run.
+
+In turns (one call of each per round, so a ratio holds for the same moment of a machine
+whose speed drifts):
+
+- start-up: ``stockade run -- true`` vs ``stockade run --overlay -- true`` (target: the
+  overlay adds at most 15 %);
+- a file-heavy workload: untar a 10,000-file tree into the workspace and read it all
+  back (``tar x`` then ``grep -r``), read-write vs overlay (target: <= 1.10x);
+
+then, once: ``changes`` and ``apply`` of 10,000 files the run added, and of 10,000 files
+it modified (seconds). The last line is one JSON object with the figures and ratios.
+STOCKADE_BENCH_N sets the rounds of the start-up pair (default 20).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+N = int(os.environ.get("STOCKADE_BENCH_N", "20"))
+FILES = 10_000
+
+
+def interleaved(fns: dict[str, Callable[[], object]], n: int) -> dict[str, float]:
+    """Mean seconds of each of ``fns``, measured in turns."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t)
+    return {name: statistics.fmean(v) for name, v in samples.items()}
+
+
+def make_tar(path: Path, files: int) -> None:
+    src = path.parent.parent / "tree-src"
+    for i in range(files):
+        d = src / f"d{i // 100:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}.txt").write_text(f"file {i}\nneedle {i % 7}\n")
+    with tarfile.open(path, "w") as tar:
+        tar.add(src, arcname="tree")
+    shutil.rmtree(src)
+
+
+def main() -> int:
+    stockade = [sys.executable, "-m", "stockade"]
+    root = Path(tempfile.mkdtemp(prefix="stockade-bench-overlay-"))
+    try:
+        ws = root / "ws"
+        ws.mkdir()
+        env = dict(os.environ, XDG_STATE_HOME=str(root / "state"), STOCKADE_SERVER="0")
+        layers = root / "state" / "stockade" / "layers"
+
+        def cli(*args: str) -> None:
+            subprocess.run(
+                [*stockade, "run", *args],
+                cwd=ws,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=True,
+            )
+
+        def drop_layers() -> None:
+            from stockade.workspace import Layer
+
+            for layer in Layer.all(layers):
+                layer.discard()
+
+        def overlay_true() -> None:
+            cli("--overlay", "--", "true")
+
+        startup = interleaved({"rw": lambda: cli("--", "true"), "overlay": overlay_true}, N)
+        drop_layers()
+
+        # The tarball sits in the workspace: the overlay's lower layer, read by both.
+        tar = ws / "tree.tar"
+        make_tar(tar, FILES)
+        work = "tar xf tree.tar && grep -rc needle tree > /dev/null"
+
+        def rw_work() -> None:
+            cli("--", "sh", "-c", f"{work}; rm -rf tree")
+
+        def overlay_work() -> None:
+            cli("--overlay", "--", "sh", "-c", work)
+            drop_layers()
+
+        workload = interleaved({"rw": rw_work, "overlay": overlay_work}, 5)
+
+        # changes and apply of 10,000 added files
+        from stockade.workspace import Layer, apply, scan
+
+        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+        cli("--overlay", "--", "tar", "xf", "tree.tar")
+        (layer,) = Layer.all(layers)
+        t = time.perf_counter()
+        added = scan(layer)
+        changes_added = time.perf_counter() - t
+        t = time.perf_counter()
+        outcomes = apply(layer)
+        apply_added = time.perf_counter() - t
+        assert len(added) == len(outcomes)
+        assert all(o.action == "applied" for o in outcomes)
+        drop_layers()
+
+        # changes and apply of 10,000 modified files (the tree is in the workspace now)
+        modify = (
+            "import os\n"
+            "for r, _, fs in os.walk('tree'):\n"
+            "    for f in fs:\n"
+            "        open(os.path.join(r, f), 'a').write('more\\n')\n"
+        )
+        cli("--overlay", "--", "python3", "-c", modify)
+        (layer,) = Layer.all(layers)
+        t = time.perf_counter()
+        modified = scan(layer)
+        changes_modified = time.perf_counter() - t
+        t = time.perf_counter()
+        outcomes = apply(layer)
+        apply_modified = time.perf_counter() - t
+        assert sum(c.kind == "modified" for c in modified) == FILES
+        assert all(o.action == "applied" for o in outcomes)
+
+        ratio_start = startup["overlay"] / startup["rw"]
+        ratio_work = workload["overlay"] / workload["rw"]
+        print(
+            f"start-up      read-write {startup['rw'] * 1000:7.1f} ms   overlay {startup['overlay'] * 1000:7.1f} ms   ratio {ratio_start:.3f} (target <= 1.15)"
+        )
+        print(
+            f"10k untar+grep read-write {workload['rw']:6.2f} s    overlay {workload['overlay']:6.2f} s    ratio {ratio_work:.3f} (target <= 1.10)"
+        )
+        print(
+            f"changes of {len(added)} added files   {changes_added:.2f} s, apply {apply_added:.2f} s"
+        )
+        print(
+            f"changes of {len(modified)} modified files {changes_modified:.2f} s, apply {apply_modified:.2f} s"
+        )
+        print(
+            json.dumps(
+                {
+                    "startup_rw_ms": round(startup["rw"] * 1000, 1),
+                    "startup_overlay_ms": round(startup["overlay"] * 1000, 1),
+                    "startup_ratio": round(ratio_start, 3),
+                    "workload_rw_s": round(workload["rw"], 3),
+                    "workload_overlay_s": round(workload["overlay"], 3),
+                    "workload_ratio": round(ratio_work, 3),
+                    "changes_added_s": round(changes_added, 3),
+                    "apply_added_s": round(apply_added, 3),
+                    "changes_modified_s": round(changes_modified, 3),
+                    "apply_modified_s": round(apply_modified, 3),
+                    "files": FILES,
+                }
+            )
+        )
+        return 0
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(root)], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
