@@ -425,3 +425,50 @@ def test_workspace_mode_overlay_in_the_policy(world: World) -> None:
     rw = world.stockade("run", "--policy", str(policy), "--", "sh", "-c", "echo p > a.txt")
     assert rw.returncode == 0
     assert (world.workspace / "a.txt").read_text() == "p\n"
+
+
+def test_review_shows_the_changes_beside_the_network(world: World, ok_server: int) -> None:
+    _populate(world.workspace)
+    (world.workspace / ".git").mkdir()
+    policy = world.root / "policy.toml"
+    policy.write_text(
+        f'[network]\nallow = ["web.test:{ok_server}"]\nhosts = {{ "web.test" = "127.0.0.1" }}\n'
+    )
+    fetch = (
+        "import urllib.request as u, sys\n"
+        "for url in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(u.urlopen(url, timeout=10).read().decode())\n"
+        "    except Exception as e:\n"
+        "        print('failed', type(e).__name__)\n"
+    )
+    proc = world.stockade(
+        "run",
+        "--overlay",
+        "--policy",
+        str(policy),
+        "--",
+        "sh",
+        "-c",
+        f'echo new > a.txt; mkdir -p sub/.git && echo x > sub/.git/config; python3 -c "{fetch}" '
+        f"http://web.test:{ok_server}/ http://other.test:{ok_server}/",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "ok", lines  # the allowed host answers
+    assert lines[1].startswith("failed"), lines  # the other is refused
+    run = run_id_of(proc)
+    doc = json.loads(world.stockade("review", "--json", run).stdout)
+    files = {f["path"]: f for f in doc["files"]}
+    assert files["a.txt"]["apply"] == "ok"
+    assert files["sub/.git/config"]["apply"] == "refused"
+    assert "git" in files["sub/.git/config"]["refused_because"]
+    hosts = [r["host"] for r in doc["network"]["reached"]]
+    assert f"web.test:{ok_server}" in hosts
+    refused = [r["host"] for r in doc["network"]["refused"]]
+    assert any(h.startswith("other.test") for h in refused), doc["network"]
+    text = world.stockade("review", run).stdout
+    assert "REFUSED" in text and "reached  web.test" in text
+    # review changes nothing: the dry run leaves the layer as it was
+    assert set(changes_of(world, "root" if os.getuid() == 0 else "nobody", run)) >= {"a.txt"}
+    assert (world.workspace / "a.txt").read_text() == "hello\n"

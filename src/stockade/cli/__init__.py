@@ -51,6 +51,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "apply": ("stockade.cli.apply", "write an overlay run's changes into the workspace"),
     "discard": ("stockade.cli.discard", "throw an overlay run's layer away"),
     "checkpoints": ("stockade.cli.checkpoints", "list an overlay layer's checkpoints"),
+    "review": (
+        "stockade.cli.review",
+        "an overlay run's file changes beside its network decisions, in one place",
+    ),
     "export": (
         "stockade.cli.export",
         "write a policy as Kubernetes manifests (agent-sandbox, Pod, Deployment, gateway)",

@@ -58,7 +58,8 @@ def begin(run_id: str, workspace: Path, existing: Layer | None = None) -> Layer:
                 f"the overlay layer of {existing.workspace} for workspace {workspace}",
                 "use one Sandbox per workspace",
             )
-        existing.update(state="running", pid=os.getpid(), last_run=run_id)
+        runs = [*existing.meta.get("runs", []), run_id]
+        existing.update(state="running", pid=os.getpid(), last_run=run_id, runs=runs)
         return existing
     try:
         return Layer.create(run_id, workspace)

@@ -96,6 +96,7 @@ class Layer:
                 "started_coarse_ns": coarse_now_ns(),
                 "state": "running",
                 "pid": os.getpid(),
+                "runs": [run_id],
             },
         )
         return layer
