@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workspace", type=Path, metavar="DIR", help="read-write root of every command"
     )
+    parser.add_argument(
+        "--overlay",
+        action="store_true",
+        help="the session's writes go to one overlay layer (tools workspace_changes, "
+        "workspace_diff, workspace_checkpoint, workspace_rollback, workspace_discard); "
+        "the user applies it with 'stockade apply RUN'",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -32,5 +39,5 @@ def execute(args: argparse.Namespace) -> int:
         raise Unavailable(
             "the MCP SDK (module mcp)", "install the extra: pip install 'stockade[mcp]'"
         ) from None
-    serve(args.policy, args.workspace)
+    serve(args.policy, args.workspace, overlay=args.overlay)
     return 0

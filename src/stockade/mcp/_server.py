@@ -170,6 +170,7 @@ class _Session:
         self.calls: dict[str, Call] = {}
         self.preflights: dict[str, _Preflight] = {}
         self._sandbox: Sandbox | None = None
+        self._overlay: Sandbox | None = None
         self._log: AuditLog | None = None
         self._lock = threading.Lock()
 
@@ -182,6 +183,23 @@ class _Session:
                 # The asker is an Asker object (it has ask()), used as is by the broker.
                 self._sandbox = Sandbox(self.policy, audit=self.audit, ask=cast(Any, self.asker))
             return self._sandbox
+
+    def overlay_sandbox(self) -> Sandbox:
+        """The overlay session's sandbox for clients that cannot ask (one layer)."""
+        with self._lock:
+            if self._overlay is None:
+                from stockade.api import Sandbox
+
+                self._overlay = Sandbox(self.policy, audit=self.audit)
+            return self._overlay
+
+    def layer_sandbox(self) -> Sandbox:
+        """The sandbox whose layer the workspace_* tools read: the one commands ran in."""
+        with self._lock:
+            asking = self._sandbox
+        if asking is not None and asking._layer is not None:
+            return asking
+        return self.overlay_sandbox()
 
     @property
     def broker(self) -> ApprovalBroker:
@@ -202,6 +220,9 @@ class _Session:
             if self._sandbox is not None:
                 self._sandbox.close()
                 self._sandbox = None
+            if self._overlay is not None:
+                self._overlay.close()
+                self._overlay = None
 
     # -- run_command ---------------------------------------------------------------------
 
@@ -602,6 +623,20 @@ def _build(
             where = _resolve_cwd(workspace, cwd)
             if can_elicit(ctx):
                 return await session.run_asking(ctx, argv, where, timeout, stdin)
+            if policy.filesystem.overlay:
+                # One layer for the session: a command sees what the ones before wrote.
+                sb = session.overlay_sandbox()
+                completed = await anyio.to_thread.run_sync(
+                    lambda: sb.run(
+                        argv,
+                        cwd=where,
+                        timeout=timeout,
+                        capture_output=True,
+                        text=True,
+                        input=stdin,
+                    )
+                )
+                return _result(completed)
             # No way to ask: today's behaviour, an off-list host is host-not-allowed.
             completed = await anyio.to_thread.run_sync(
                 lambda: run(
@@ -663,19 +698,136 @@ def _build(
         ]
         return described
 
+    if policy.filesystem.overlay:
+        _overlay_tools(server, session)
     return server, session
 
 
-def serve(policy_path: Path | None = None, workspace: Path | None = None) -> None:
+def _overlay_tools(server: MCPServer, session: _Session) -> None:
+    """The tools of an overlay session. There is no apply tool: the layer is what the
+    user reviews, so the model that wrote it does not get to approve it; the result of
+    workspace_changes names the command the user runs (``stockade apply RUN``)."""
+
+    def layer_of() -> Any:
+        sb = session.layer_sandbox()
+        return sb, sb._layer
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="List the session's file changes", read_only_hint=True, open_world_hint=False
+        )
+    )
+    def workspace_changes(paths: list[str] | None = None) -> dict[str, Any]:
+        """What this session's commands changed in the workspace, not yet applied: each
+        path with its kind (added, modified, deleted, renamed, mode, replaced) and sizes.
+        The user reviews and applies them; you cannot.
+
+        Args:
+            paths: only changes at or below these workspace-relative paths.
+        """
+        sb, layer = layer_of()
+        changes = sb.changes(paths or ())
+        run = None if layer is None else layer.run_id
+        return {
+            "changes": [c.to_json() for c in changes],
+            "layer": run,
+            "hint": (
+                f"the user applies them with 'stockade apply {run}' (or discards them)"
+                if run
+                else "no command has run yet"
+            ),
+        }
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Show the session's changes as a diff", read_only_hint=True, open_world_hint=False
+        )
+    )
+    def workspace_diff(paths: list[str] | None = None) -> dict[str, Any]:
+        """A unified diff of the session's changes (binary files named, not shown).
+
+        Args:
+            paths: only changes at or below these workspace-relative paths.
+        """
+        sb, _ = layer_of()
+        text, cut = _tail(sb.diff(paths or ()))
+        return {"diff": text, "truncated": cut}
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Checkpoint the session's changes", read_only_hint=False, open_world_hint=False
+        )
+    )
+    def workspace_checkpoint(name: str) -> dict[str, Any]:
+        """Remember the workspace view as it is now under ``name``; workspace_rollback
+        returns to it.
+
+        Args:
+            name: 1-64 letters, digits, '.', '_' or '-'.
+        """
+        sb, _ = layer_of()
+        try:
+            sb.checkpoint(name)
+        except StockadeError as exc:
+            raise ToolError(str(exc)) from exc
+        return {"checkpoint": name, "checkpoints": [c["name"] for c in sb.checkpoints()]}
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Roll the session's changes back",
+            read_only_hint=False,
+            destructive_hint=True,
+            open_world_hint=False,
+        )
+    )
+    def workspace_rollback(name: str) -> dict[str, Any]:
+        """Return the workspace view to checkpoint ``name``: what later commands changed
+        is gone (the real workspace is untouched either way).
+
+        Args:
+            name: a checkpoint made with workspace_checkpoint.
+        """
+        sb, _ = layer_of()
+        try:
+            sb.rollback(name)
+        except StockadeError as exc:
+            raise ToolError(str(exc)) from exc
+        return {"rolled_back_to": name, "changes": len(sb.changes())}
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Discard the session's changes",
+            read_only_hint=False,
+            destructive_hint=True,
+            open_world_hint=False,
+        )
+    )
+    def workspace_discard() -> dict[str, Any]:
+        """Throw away every change of this session: the next command sees the real
+        workspace again."""
+        sb, _ = layer_of()
+        sb.discard()
+        return {"discarded": True}
+
+
+def serve(
+    policy_path: Path | None = None, workspace: Path | None = None, *, overlay: bool = False
+) -> None:
     """Load the policy and serve over stdio until the client disconnects.
+
+    ``overlay``: the session's commands write into one overlay layer (as the policy's
+    ``workspace = { mode = "overlay" }``), reviewed with the workspace_* tools.
 
     Raises:
         PolicyError: the policy is invalid (reported before any JSON-RPC is spoken).
     """
+    from stockade._record import replace
     from stockade.policy import load_policy
     from stockade.runtime._run import default_audit_dir
 
     policy = load_policy(policy_path, workspace=workspace)
+    if overlay:
+        policy = replace(policy, filesystem=replace(policy.filesystem, overlay=True))
     audit = default_audit_dir() / f"{time.strftime('%Y%m%dT%H%M%S')}-mcp-{os.getpid()}.jsonl"
     server, session = _build(policy, audit, explicit=False)
     try:
