@@ -296,6 +296,7 @@ def test_symlinks_leading_out_are_refused_inside_ones_applied(world: World, who:
         "sh",
         "-c",
         "ln -s /etc/passwd out.lnk; ln -s ../../../etc up.lnk; ln -s keep.txt in.lnk; "
+        "ln -s /usr/bin/python3 py.lnk; ln -s /usr/../etc/shadow sneaky.lnk; "
         "mkdir d; echo new > d/new.txt",
     )
     run = run_id_of(proc)
@@ -312,7 +313,9 @@ def test_symlinks_leading_out_are_refused_inside_ones_applied(world: World, who:
     assert outcomes["up.lnk"]["action"] == "refused"
     assert outcomes["d/new.txt"]["action"] == "refused"
     assert list(outside.iterdir()) == []
+    assert outcomes["sneaky.lnk"]["action"] == "refused"
     assert outcomes["in.lnk"]["action"] == "applied"  # the twin
+    assert outcomes["py.lnk"]["action"] == "applied"  # a system program (a venv's python)
     assert os.readlink(world.workspace / "in.lnk") == "keep.txt"
 
 
@@ -473,3 +476,54 @@ def test_review_shows_the_changes_beside_the_network(world: World, ok_server: in
     # review changes nothing: the dry run leaves the layer as it was
     assert set(changes_of(world, "root" if os.getuid() == 0 else "nobody", run)) >= {"a.txt"}
     assert (world.workspace / "a.txt").read_text() == "hello\n"
+
+
+WORKLOAD = (
+    "set -e; /usr/bin/python3 -m venv --system-site-packages .venv; "
+    ".venv/bin/pip install -q --no-index --no-build-isolation -e . >/dev/null 2>&1; "
+    ".venv/bin/python -m unittest -q 2>&1 | tail -1"
+)
+
+
+def _package(ws: Path) -> None:
+    (ws / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "demo_pkg"\nversion = "0.1"\n'
+    )
+    (ws / "demo_pkg").mkdir()
+    (ws / "demo_pkg" / "__init__.py").write_text("def add(a, b):\n    return a + b\n")
+    (ws / "test_demo.py").write_text(
+        "import unittest, demo_pkg\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_add(self):\n"
+        "        self.assertEqual(demo_pkg.add(2, 3), 5)\n"
+    )
+
+
+def test_a_real_workload_gives_the_same_result_after_apply(world: World) -> None:
+    """pip install -e . and the package's tests: read-write in a twin workspace, overlay
+    then apply here; the same output, the same tree, and the applied venv works."""
+    require(Path("/usr/bin/python3").exists(), "no /usr/bin/python3 with venv")
+    twin = world.root / "twin"
+    twin.mkdir()
+    shutil.copy(world.workspace / "README", twin / "README")
+    _package(twin)
+    _package(world.workspace)
+    rw = world.stockade("run", "--workspace", str(twin), "--", "sh", "-c", WORKLOAD, timeout=300)
+    assert rw.returncode == 0, rw.stderr
+    assert rw.stdout.strip() == "OK"
+    proc = world.stockade("run", "--overlay", "--", "sh", "-c", WORKLOAD, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == rw.stdout
+    assert not (world.workspace / ".venv").exists()
+    applied = world.stockade("apply", run_id_of(proc), timeout=300)
+    refused = [line for line in applied.stdout.splitlines() if line.startswith("refused")]
+    assert applied.returncode == 0, refused
+    # The venv holds absolute paths, so compare names and types, not content.
+    here = {k: v[0] for k, v in _tree(world.workspace).items()}
+    there = {k: v[0] for k, v in _tree(twin).items()}
+    assert here == there
+    again = world.stockade(
+        "run", "--", "sh", "-c", ".venv/bin/python -m unittest -q 2>&1 | tail -1", timeout=120
+    )
+    assert again.stdout.strip() == "OK", again.stdout + again.stderr
