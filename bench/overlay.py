@@ -9,8 +9,9 @@ whose speed drifts):
   back (``tar x`` then ``grep -r``), read-write vs overlay (target: <= 1.10x);
 
 then, once: ``changes`` and ``apply`` of 10,000 files the run added, and of 10,000 files
-it modified (seconds). The last line is one JSON object with the figures and ratios.
-STOCKADE_BENCH_N sets the rounds of the start-up pair (default 20).
+it modified (seconds), and a checkpoint and a rollback of a layer of 10,000 files. The last line is one JSON object with the figures and ratios.
+STOCKADE_BENCH_N sets the rounds of the start-up pair (default 20), STOCKADE_BENCH_ROUNDS
+those of the file-heavy pair (default 3).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 N = int(os.environ.get("STOCKADE_BENCH_N", "20"))
+#: rounds of the file-heavy pair (STOCKADE_BENCH_ROUNDS)
+ROUNDS = int(os.environ.get("STOCKADE_BENCH_ROUNDS", "3"))
 FILES = 10_000
 
 
@@ -85,6 +88,7 @@ def main() -> int:
 
         startup = interleaved({"rw": lambda: cli("--", "true"), "overlay": overlay_true}, N)
         drop_layers()
+        print(f"start-up: {startup}", flush=True)
 
         # The tarball sits in the workspace: the overlay's lower layer, read by both.
         tar = ws / "tree.tar"
@@ -98,7 +102,8 @@ def main() -> int:
             cli("--overlay", "--", "sh", "-c", work)
             drop_layers()
 
-        workload = interleaved({"rw": rw_work, "overlay": overlay_work}, 5)
+        workload = interleaved({"rw": rw_work, "overlay": overlay_work}, ROUNDS)
+        print(f"workload: {workload}", flush=True)
 
         # changes and apply of 10,000 added files
         from stockade.workspace import Layer, apply, scan
@@ -109,6 +114,17 @@ def main() -> int:
         t = time.perf_counter()
         added = scan(layer)
         changes_added = time.perf_counter() - t
+        # checkpoint and rollback of a layer of 10,000 files
+        from stockade.workspace import checkpoint, rollback
+
+        t = time.perf_counter()
+        checkpoint(layer, "bench")
+        checkpoint_s = time.perf_counter() - t
+        t = time.perf_counter()
+        restock = rollback(layer, "bench")
+        rollback_s = time.perf_counter() - t
+        restock.join()
+        assert len(scan(layer)) == len(added)
         t = time.perf_counter()
         outcomes = apply(layer)
         apply_added = time.perf_counter() - t
@@ -161,6 +177,8 @@ def main() -> int:
                     "apply_added_s": round(apply_added, 3),
                     "changes_modified_s": round(changes_modified, 3),
                     "apply_modified_s": round(apply_modified, 3),
+                    "checkpoint_s": round(checkpoint_s, 3),
+                    "rollback_ms": round(rollback_s * 1000, 2),
                     "files": FILES,
                 }
             )
