@@ -385,9 +385,14 @@ def test_the_layer_is_out_of_the_sandboxs_reach(world: World) -> None:
         "--",
         "sh",
         "-c",
-        f"echo w > a.txt; ls -A /run/stockade/overlay; ls {state} 2>&1; cat a.txt",
+        f"echo w > a.txt; ls -A /run/stockade/overlay; ls {state} 2>&1; "
+        # bubblewrap's init keeps the mount namespace where the layer is bound, unmasked:
+        # Landlock keeps its /proc/1/root out of reach.
+        "ls /proc/1/root/run/stockade/overlay/upper >/dev/null 2>&1 && echo REACHED; "
+        "cat a.txt",
     )
     assert proc.returncode == 0, proc.stderr
+    assert "REACHED" not in proc.stdout
     lines = proc.stdout.splitlines()
     assert lines[-1] == "w"  # the twin: the workspace itself is writable
     assert "No such file or directory" in proc.stdout  # the state directory is not there
