@@ -221,16 +221,23 @@ def test_apply_refuses_a_change_made_on_the_host_during_the_run(world: World) ->
     already knows the file moved on."""
     _populate(world.workspace)
     marker = world.workspace / "a.txt"
+    # The run writes, then waits for a line on stdin: the host edits the file in between
+    # (once the write is in the layer), whatever the machine's speed.
     proc = subprocess.Popen(
-        [*world.command, "run", "--overlay", "--", "sh", "-c", "echo mine > a.txt; sleep 1.5"],
+        [*world.command, "run", "--overlay", "--", "sh", "-c", "echo mine > a.txt; read go"],
         cwd=world.workspace,
         env=world.env,
+        stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.7)
+    layers = world.root / "state" / "stockade" / "layers"
+    deadline = time.monotonic() + 60
+    while not (layers.is_dir() and list(layers.glob("*/upper/a.txt"))):
+        assert time.monotonic() < deadline, "the run never wrote into its layer"
+        time.sleep(0.05)
     marker.write_text("host, during the run\n")
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate("go\n", timeout=60)
     assert proc.returncode == 0, err
     run = run_id_of(subprocess.CompletedProcess([], 0, "", err))
     out = world.stockade("apply", "--json", run)

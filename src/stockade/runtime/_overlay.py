@@ -18,7 +18,8 @@ from pathlib import Path
 
 from stockade._exceptions import Unavailable
 from stockade.policy import Policy
-from stockade.workspace import Layer, record_base
+from stockade.workspace._apply import record_base
+from stockade.workspace._layer import Layer
 
 
 def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailable | None:
@@ -73,6 +74,7 @@ def begin(run_id: str, workspace: Path, existing: Layer | None = None) -> Layer:
 def end(layer: Layer, returncode: int) -> None:
     """Record the base of every changed path and mark the layer finished."""
     try:
-        record_base(layer)
-    finally:
+        record_base(layer, state="finished", returncode=returncode)
+    except BaseException:
         layer.update(state="finished", returncode=returncode)
+        raise

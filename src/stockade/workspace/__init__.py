@@ -3,19 +3,30 @@
 An overlay run (``[filesystem] workspace = { path = ".", mode = "overlay" }``,
 ``stockade run --overlay``, ``Sandbox(overlay=True)``) leaves the real workspace as it
 was; what the command wrote is kept in a layer under stockade's state directory. This
-package reads that layer (:func:`changes`, :func:`diff`) and writes it into the real
+package reads that layer (:func:`changes`, :func:`diff`), writes it into the real
 workspace (:func:`apply`, with a three-way check and the protected set) or throws it
-away (:func:`discard`). The mount itself is the launcher's (see
-``stockade.runtime._overlay``).
+away (:func:`discard`), and keeps checkpoints of it (:func:`checkpoint`,
+:func:`rollback`). The mount itself is the launcher's (see ``stockade.runtime._overlay``).
+
+The names are imported when first used: ``stockade run --overlay`` needs only the layer
+and the base record, and the CLI has a start-up budget.
 """
 
 from __future__ import annotations
 
-from stockade.workspace._apply import Outcome, apply, discard, protected_reason, record_base
-from stockade.workspace._changes import Change, scan
-from stockade.workspace._checkpoint import checkpoint, checkpoints, delete_checkpoint, rollback
-from stockade.workspace._diff import diff, selected
-from stockade.workspace._layer import Layer, LayerError, layers_dir
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stockade.workspace._apply import Outcome, apply, discard, protected_reason, record_base
+    from stockade.workspace._changes import Change, scan
+    from stockade.workspace._checkpoint import (
+        checkpoint,
+        checkpoints,
+        delete_checkpoint,
+        rollback,
+    )
+    from stockade.workspace._diff import diff, selected
+    from stockade.workspace._layer import Layer, LayerError, layers_dir
 
 __all__ = [
     "Change",
@@ -37,7 +48,40 @@ __all__ = [
     "selected",
 ]
 
+_WHERE = {
+    "Outcome": "_apply",
+    "apply": "_apply",
+    "discard": "_apply",
+    "protected_reason": "_apply",
+    "record_base": "_apply",
+    "Change": "_changes",
+    "scan": "_changes",
+    "checkpoint": "_checkpoint",
+    "checkpoints": "_checkpoint",
+    "delete_checkpoint": "_checkpoint",
+    "rollback": "_checkpoint",
+    "diff": "_diff",
+    "selected": "_diff",
+    "Layer": "_layer",
+    "LayerError": "_layer",
+    "layers_dir": "_layer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stockade.workspace' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"stockade.workspace.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 def changes(layer: Layer, paths: tuple[str, ...] = ()) -> list[Change]:
     """The changes in ``layer`` at or below ``paths`` (all when empty)."""
+    from stockade.workspace._changes import scan
+    from stockade.workspace._diff import selected
+
     return selected(scan(layer), paths)

@@ -76,12 +76,13 @@ def protected_reason(rel: str, extra: Sequence[str] = ()) -> str | None:
     return None
 
 
-def record_base(layer: Layer) -> None:
+def record_base(layer: Layer, **also: Any) -> None:
     """Record the host's state of every path the layer changes (call once a run ended).
 
     A path recorded already keeps its record: the base is the host's file as the layer
     first met it, and a later run of the same layer (a Sandbox session) changes nothing
-    about that. Paths the layer no longer changes are dropped.
+    about that. Paths the layer no longer changes are dropped. ``also``: more fields
+    written to ``layer.json`` in the same write.
     """
     meta = layer.meta
     t0 = int(meta.get("started_coarse_ns", 0))
@@ -91,7 +92,7 @@ def record_base(layer: Layer) -> None:
     for change in scan(layer):
         for rel in filter(None, (change.path, change.old_path)):
             base[rel] = old.get(rel) or _host_state(os.path.join(workspace, rel), t0)
-    layer.update(base=base)
+    layer.update(base=base, **also)
 
 
 def _host_state(path: str, t0: int) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable
 
@@ -33,6 +32,8 @@ def selected(changes: Iterable[Change], paths: Iterable[str]) -> list[Change]:
 
 def diff_one(layer: Layer, change: Change) -> str:
     """The unified diff of one change ("Binary files ... differ" for binary content)."""
+    import difflib
+
     workspace = str(layer.workspace)
     old_rel = change.old_path or change.path
     a, b = f"a/{old_rel}", f"b/{change.path}"

@@ -45,12 +45,12 @@ def coarse_now_ns() -> int:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    # Atomic: a reader (or a run killed mid-write) sees the old or the new file.
+    # Atomic: a reader (or a run killed mid-write) sees the old or the new file. No
+    # fsync: it would cost every overlay run a disk flush, and the file is a record of
+    # the layer beside it, which a crash of the machine loses alike.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
