@@ -80,6 +80,15 @@ class Layer:
         root = parent / run_id
         root.mkdir(mode=0o700)
         layer = cls(root)
+        try:
+            layer._make(run_id, workspace)
+        except BaseException:
+            _remove_tree(root)  # no half-made layer left to list
+            raise
+        return layer
+
+    def _make(self, run_id: str, workspace: Path) -> None:
+        layer = self
         st = os.stat(workspace)
         layer.upper.mkdir(mode=0o700)
         os.chmod(layer.upper, stat.S_IMODE(st.st_mode))
@@ -99,7 +108,6 @@ class Layer:
                 "runs": [run_id],
             },
         )
-        return layer
 
     @classmethod
     def open(cls, run: str, *, base: Path | None = None) -> Layer:
