@@ -34,16 +34,24 @@ ROUNDS = int(os.environ.get("STOCKADE_BENCH_ROUNDS", "3"))
 FILES = 10_000
 
 
-def interleaved(fns: dict[str, Callable[[], object]], n: int) -> dict[str, float]:
-    """Mean seconds of each of ``fns``, measured in turns."""
-    for fn in fns.values():
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    n: int,
+    after: dict[str, Callable[[], object]] | None = None,
+) -> dict[str, float]:
+    """Mean seconds of each of ``fns``, measured in turns; ``after[name]`` runs after
+    each call of ``fns[name]``, untimed (putting the workspace back)."""
+    after = after or {}
+    for name, fn in fns.items():
         fn()
+        after.get(name, lambda: None)()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(n):
         for name, fn in fns.items():
             t = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t)
+            after.get(name, lambda: None)()
     return {name: statistics.fmean(v) for name, v in samples.items()}
 
 
@@ -86,8 +94,11 @@ def main() -> int:
         def overlay_true() -> None:
             cli("--overlay", "--", "true")
 
-        startup = interleaved({"rw": lambda: cli("--", "true"), "overlay": overlay_true}, N)
-        drop_layers()
+        startup = interleaved(
+            {"rw": lambda: cli("--", "true"), "overlay": overlay_true},
+            N,
+            after={"overlay": drop_layers},
+        )
         print(f"start-up: {startup}", flush=True)
 
         # The tarball sits in the workspace: the overlay's lower layer, read by both.
@@ -96,13 +107,17 @@ def main() -> int:
         work = "tar xf tree.tar && grep -rc needle tree > /dev/null"
 
         def rw_work() -> None:
-            cli("--", "sh", "-c", f"{work}; rm -rf tree")
+            cli("--", "sh", "-c", work)
 
         def overlay_work() -> None:
             cli("--overlay", "--", "sh", "-c", work)
-            drop_layers()
 
-        workload = interleaved({"rw": rw_work, "overlay": overlay_work}, ROUNDS)
+        # Untimed: the read-write run's tree removed, the overlay run's layer discarded.
+        workload = interleaved(
+            {"rw": rw_work, "overlay": overlay_work},
+            ROUNDS,
+            after={"rw": lambda: shutil.rmtree(ws / "tree"), "overlay": drop_layers},
+        )
         print(f"workload: {workload}", flush=True)
 
         # changes and apply of 10,000 added files
