@@ -418,6 +418,9 @@ def test_overlay_fails_closed_without_the_files_layer(world: World) -> None:
     proc = world.stockade("run", "--overlay", "--disable", "container", "--", "true")
     assert proc.returncode == 125
     assert "without the container layer" in proc.stderr
+    proc = world.stockade("run", "--overlay", "--backend", "landlock", "--", "true")
+    assert proc.returncode == 125
+    assert "landlock backend" in proc.stderr
     # the twin: with the layers on, the same run works
     ok = world.stockade("run", "--overlay", "--", "sh", "-c", "echo x > a.txt")
     assert ok.returncode == 0, ok.stderr

@@ -25,6 +25,11 @@ from stockade.workspace._layer import Layer
 def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailable | None:
     """Why this run cannot have an overlay workspace, or None when it can."""
     layers = policy.layers
+    if policy.container.backend == "landlock":
+        return Unavailable(
+            "an overlay workspace with the landlock backend (it has no mount namespace)",
+            "run it with --backend bubblewrap, or without --overlay",
+        )
     if gvisor:
         return Unavailable(
             "an overlay workspace with the gVisor backend",

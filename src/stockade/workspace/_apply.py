@@ -86,7 +86,7 @@ def record_base(layer: Layer, **also: Any) -> None:
     """
     meta = layer.meta
     t0 = int(meta.get("started_coarse_ns", 0))
-    old: dict[str, Any] = meta.get("base") or {}
+    old: dict[str, Any] = layer.base or {}
     base: dict[str, Any] = {}
     workspace = str(layer.workspace)
     # Every name the upper layer holds (and, below an opaque directory, every name it
@@ -94,7 +94,9 @@ def record_base(layer: Layer, **also: Any) -> None:
     # the end of a run that wrote 10,000 files costs one lstat per file here.
     for rel in _layer_paths(str(layer.upper), workspace):
         base[rel] = old.get(rel) or _host_state(os.path.join(workspace, rel), t0)
-    layer.update(base=base, **also)
+    layer.write_base(base)
+    if also:
+        layer.update(**also)
 
 
 def _layer_paths(upper: str, lower: str) -> list[str]:
@@ -162,7 +164,7 @@ def _conflict(
     change: Change, rel: str, host: os.stat_result | None, meta: dict[str, Any]
 ) -> str | None:
     """Why the host's ``rel`` is no longer the base the change was made on, or None."""
-    base = (meta.get("base") or {}).get(rel)
+    base = (meta.get("base") or {}).get(rel)  # meta: layer.json's fields plus "base"
     if base is not None:
         if base.get("changed_during_run"):
             return "changed on the host while the run ran"
@@ -272,7 +274,9 @@ def _write_file(fd: int, name: str, source: str, mode: int) -> None:
             while chunk := os.read(src, 1 << 20):
                 os.write(out, chunk)
             os.fchmod(out, mode & 0o1777)  # no setuid/setgid bit reaches the host
-            os.fsync(out)
+            # No fsync per file: the rename makes each file whole or absent for every
+            # reader; 10,000 flushes would cost minutes on a busy disk for durability
+            # across a machine crash only (the layer keeps what was not applied).
         finally:
             os.close(out)
         os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
@@ -342,11 +346,11 @@ def apply(
     if layer.state == "running":
         raise LayerError(f"run {layer.run_id} is still running; apply its changes once it ended")
     layer.check_workspace()
-    if "base" not in layer.meta:
+    if layer.base is None:
         # The run was killed before its end recorded the base: record it now, from the
         # run's start (a host file changed since is marked as such).
         record_base(layer)
-    meta = layer.meta
+    meta = {**layer.meta, "base": layer.base or {}}
     changes = selected(scan(layer), paths)
     workspace = str(layer.workspace)
     upper = str(layer.upper)
@@ -381,7 +385,8 @@ def apply(
         base = {k: v for k, v in (meta.get("base") or {}).items() if k not in gone}
         # What this apply wrote is now the host's own: a later run of the layer (a
         # Sandbox session) measures host changes from here on.
-        layer.update(applied=history, base=base, started_coarse_ns=coarse_now_ns())
+        layer.write_base(base)
+        layer.update(applied=history, started_coarse_ns=coarse_now_ns())
     return sorted(outcomes, key=lambda o: o.path)
 
 
