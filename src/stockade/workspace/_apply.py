@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -52,13 +53,21 @@ class Outcome:
         return {k: v for k, v in asdict(self).items() if v != ""}
 
 
+@functools.cache
+def _patterns(patterns: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    # Split once: apply asks about every one of 10,000 paths.
+    return tuple((p, PurePosixPath(p).parts) for p in patterns)
+
+
+_GIT_PARTS = tuple((name, tuple(name.split("/"))) for name, _ in GIT_DIR_PROTECTED)
+
+
 def protected_reason(rel: str, extra: Sequence[str] = ()) -> str | None:
     """Why ``rel`` (workspace-relative) is never applied, or None when it may be."""
-    parts = PurePosixPath(rel).parts
-    for pattern in (*DEFAULT_PROTECTED, *extra):
-        pp = PurePosixPath(pattern).parts
+    parts = tuple(p for p in rel.split("/") if p not in ("", "."))
+    for pattern, pp in _patterns((*DEFAULT_PROTECTED, *extra)):
         if len(parts) >= len(pp) and all(
-            fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pp, strict=False)
+            a == b or fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pp, strict=False)
         ):
             return f"protected path ({pattern}): it runs or is trusted on the host"
     if parts and parts[0] == ".git" and len(parts) == 1:
@@ -67,8 +76,7 @@ def protected_reason(rel: str, extra: Sequence[str] = ()) -> str | None:
         if part != ".git":
             continue
         below = parts[i + 1 :]
-        for name, _ in GIT_DIR_PROTECTED:
-            np = PurePosixPath(name).parts
+        for name, np in _GIT_PARTS:
             if tuple(below[: len(np)]) == np:
                 return f"protected path (.git/{name}): git runs it on the host"
         if i > 0:
