@@ -34,7 +34,7 @@ from stockade._record import asdict, record
 from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED, SYSTEM_PATHS
 from stockade.workspace._changes import Change, is_opaque, is_whiteout, scan
 from stockade.workspace._diff import selected
-from stockade.workspace._layer import Layer, LayerError, coarse_now_ns
+from stockade.workspace._layer import Layer, LayerError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -89,19 +89,19 @@ def record_base(layer: Layer, **also: Any) -> None:
 
     A path recorded already keeps its record: the base is the host's file as the layer
     first met it, and a later run of the same layer (a Sandbox session) changes nothing
-    about that. Paths the layer no longer changes are dropped. ``also``: more fields
-    written to ``layer.json`` in the same write.
+    about that; nor does a path leaving the layer (an apply records the file it wrote as
+    the new base). ``also``: more fields written to ``layer.json`` with it.
     """
     meta = layer.meta
     t0 = int(meta.get("started_coarse_ns", 0))
-    old: dict[str, Any] = layer.base or {}
-    base: dict[str, Any] = {}
+    base: dict[str, Any] = dict(layer.base or {})
     workspace = str(layer.workspace)
     # Every name the upper layer holds (and, below an opaque directory, every name it
     # hides): a superset of the changes' paths, found without reading any content, so
     # the end of a run that wrote 10,000 files costs one lstat per file here.
     for rel in _layer_paths(str(layer.upper), workspace):
-        base[rel] = old.get(rel) or _host_state(os.path.join(workspace, rel), t0)
+        if rel not in base:
+            base[rel] = _host_state(os.path.join(workspace, rel), t0)
     layer.write_base(base)
     if also:
         layer.update(**also)
@@ -390,11 +390,15 @@ def apply(
         history = list(meta.get("applied", []))
         history += [o.to_json() for o in outcomes if o.action == "applied"]
         gone = applied | {c.old_path for c in changes if c.path in applied and c.old_path}
-        base = {k: v for k, v in (meta.get("base") or {}).items() if k not in gone}
-        # What this apply wrote is now the host's own: a later run of the layer (a
-        # Sandbox session) measures host changes from here on.
+        # What this apply wrote is now the host's own, exactly: the base of a later run
+        # of the layer (a Sandbox session) that changes it again.
+        base = dict(meta.get("base") or {})
+        for rel in gone:
+            state = _host_state(os.path.join(workspace, rel), 0)
+            state["changed_during_run"] = False
+            base[rel] = state
         layer.write_base(base)
-        layer.update(applied=history, started_coarse_ns=coarse_now_ns())
+        layer.update(applied=history)
     return sorted(outcomes, key=lambda o: o.path)
 
 
