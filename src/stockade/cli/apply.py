@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``apply``."""
     parser.usage = "stockade apply [--json] [--dry-run] [--interactive] RUN [PATHS...]"
-    parser.add_argument("run", help="the run id (or a unique prefix) of an overlay run")
+    parser.add_argument("run", help="the run id of an overlay run (a unique prefix, or last)")
     parser.add_argument("paths", nargs="*", help="only changes at or below these paths")
     parser.add_argument("--json", action="store_true", help="the outcomes as JSON")
     parser.add_argument("--dry-run", action="store_true", help="check, write nothing")

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``changes``."""
     parser.usage = "stockade changes [--json] RUN [PATHS...] | stockade changes --list"
-    parser.add_argument("run", nargs="?", help="the run id (or a unique prefix) of an overlay run")
+    parser.add_argument(
+        "run", nargs="?", help="the run id of an overlay run (a unique prefix, or last)"
+    )
     parser.add_argument("paths", nargs="*", help="only changes at or below these paths")
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--list", action="store_true", help="list the overlay layers kept")

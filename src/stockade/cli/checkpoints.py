@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``checkpoints``."""
-    parser.add_argument("run", help="the run id (or a unique prefix) of an overlay layer")
+    parser.add_argument("run", help="the run id of an overlay layer (a unique prefix, or last)")
     parser.add_argument("--json", action="store_true", help="one JSON document")
 
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``diff``."""
     parser.usage = "stockade diff [--json] RUN [PATHS...]"
-    parser.add_argument("run", help="the run id (or a unique prefix) of an overlay run")
+    parser.add_argument("run", help="the run id of an overlay run (a unique prefix, or last)")
     parser.add_argument("paths", nargs="*", help="only changes at or below these paths")
     parser.add_argument("--json", action="store_true", help="each change with its diff, as JSON")
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``discard``."""
-    parser.add_argument("run", help="the run id (or a unique prefix) of an overlay run")
+    parser.add_argument("run", help="the run id of an overlay run (a unique prefix, or last)")
 
 
 def execute(args: argparse.Namespace) -> int:

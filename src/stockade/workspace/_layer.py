@@ -111,7 +111,13 @@ class Layer:
 
     @classmethod
     def open(cls, run: str, *, base: Path | None = None) -> Layer:
-        """The layer of run ``run`` (a run id or a unique prefix of one, or a path)."""
+        """The layer of run ``run`` (a run id or a unique prefix of one, a path, or
+        ``last``: the newest layer)."""
+        if run == "last":
+            every = cls.all(base)
+            if not every:
+                raise LayerError("no overlay layers yet; run one with 'stockade run --overlay'")
+            return every[-1]
         if "/" in run:
             root = Path(run)
         else:
