@@ -30,9 +30,13 @@ LEVELS: dict[str, int] = {
     "runtime": 2,
     "gateway": 2,
     "export": 2,
+    # the copy-on-write layer, its review and apply (DESIGN §3: beside runtime)
+    "workspace": 2,
     "api": 3,
     "approvers": 3,
     "probe": 3,
+    # one adapter per agent framework, over the public API (DESIGN §3)
+    "integrations": 3,
     "cli": 4,
     "mcp": 4,
     "__main__": 5,

@@ -120,7 +120,7 @@ def _when(event: Event) -> str:
 
 def format_event(event: Event) -> str:
     """One event as one human-readable line: time, run, event, layer, verdict, reason, target."""
-    from stockade.mcp._explain import denial_target
+    from stockade._denials import denial_target
 
     target = denial_target(event)
     if not target and event.get("event") == "run_start":
@@ -207,7 +207,7 @@ def _denial_summary(events: Iterable[Event], as_json: bool) -> None:
     for event in events:
         key = (str(event.get("layer", "")), str(event.get("reason", "")))
         groups.setdefault(key, []).append(event)
-    from stockade.mcp._explain import denial_target, explain_denial
+    from stockade._denials import denial_target, explain_denial
 
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     if not ordered and not as_json:

@@ -388,7 +388,7 @@ def denial_summary(
     """The lines ``run`` prints on stderr after a run that had denials: one line that
     counts them by layer and reason and names what was refused, then one hint per kind
     of network refusal that has a fix."""
-    from stockade.mcp._explain import denial_target
+    from stockade._denials import denial_target
 
     kinds: dict[str, list[str]] = {}
     hosts: dict[str, str] = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade._denials import explain_denial
 from stockade.api import CompletedRun
-from stockade.mcp._explain import explain_denial
 
 
 def denials(result: CompletedRun | Any) -> list[dict[str, str]]:

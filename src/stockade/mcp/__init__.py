@@ -3,7 +3,7 @@
 ``stockade mcp`` serves two tools over stdio: ``run_command`` runs a command in the
 sandbox and returns its output with the denials explained, and ``sandbox_policy`` says
 what is allowed. The MCP SDK is imported only when :func:`serve` or :func:`build_server`
-is first used, so ``stockade.mcp._explain`` (used by ``stockade log``) stays cheap.
+is first used, so ``stockade._denials`` (the hints, used by ``stockade log`` and the adapters) stays cheap.
 """
 
 from __future__ import annotations

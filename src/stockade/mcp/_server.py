@@ -32,6 +32,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 
+from stockade._denials import describe_policy, explain_denial
 from stockade._exceptions import PolicyError, StockadeError
 from stockade.mcp._ask import (
     ALLOW_ALWAYS,
@@ -50,7 +51,6 @@ from stockade.mcp._ask import (
     response_fields,
     safe,
 )
-from stockade.mcp._explain import describe_policy, explain_denial
 from stockade.policy import Policy
 
 if TYPE_CHECKING:
