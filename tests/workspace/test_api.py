@@ -10,7 +10,7 @@ import pytest
 
 import stockade
 from stockade.workspace import protected_reason
-from tests.conftest import World
+from tests.conftest import World, require
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -150,8 +150,7 @@ def test_checkpoint_and_rollback_round_trips(ws: Path, world: World, who: str) -
         cmd, env = nobody_command(world)
         python = cmd[:-2]  # [setpriv ..., python]
     else:
-        if os.getuid() != 0:
-            pytest.skip("the root variant needs root")
+        require(os.getuid() == 0, "the root variant needs root (run the suite as root)")
         import sys
 
         python, env = [sys.executable], world.env

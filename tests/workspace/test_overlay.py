@@ -105,8 +105,7 @@ def cli(
             timeout=timeout,
             check=False,
         )
-    if os.getuid() != 0:
-        pytest.skip("the root variant needs root")
+    require(os.getuid() == 0, "the root variant needs root (run the suite as root)")
     return world.stockade(*args, timeout=timeout)
 
 
@@ -332,8 +331,8 @@ def test_a_killed_run_leaves_the_workspace_untouched_and_its_layer_listable(
 ) -> None:
     _populate(world.workspace)
     before = _tree(world.workspace)
-    if who == "root" and os.getuid() != 0:
-        pytest.skip("the root variant needs root")
+    if who == "root":
+        require(os.getuid() == 0, "the root variant needs root (run the suite as root)")
     cmd, env = nobody_command(world) if who == "nobody" else (list(world.command), world.env)
     proc = subprocess.Popen(
         [*cmd, "run", "--overlay", "--", "sh", "-c", "echo mine > a.txt; echo n > b.txt; sleep 60"],

@@ -6,7 +6,7 @@ Two calling conventions:
   commands through ``$SHELL`` (Aider: ``SHELL=stockade-sh aider``).
 * ``stockade-sh STRING`` (one argument) is Claude Code's ``CLAUDE_CODE_SHELL_PREFIX``
   convention: STRING is a whole shell command line, run with ``bash -c``. Claude Code's
-  Bash tool ends its line with ``pwd -P >| /tmp/claude-XXXX-cwd``; /tmp inside the sandbox
+  Bash tool ends its line with ``pwd -P >| /tmp/claude-<hex>-cwd``; /tmp inside the sandbox
   is private, so that target is rewritten to a file in the workspace and, after the run,
   a validated directory is copied to the host path Claude Code reads.
 

@@ -8,7 +8,7 @@ data decoded every way it can be, and decoded again, up to :data:`MAX_DEPTH` ste
 
 * **percent** — ``unquote_to_bytes``; applied again on its result, so ``%2541``
   (twice) and ``%252541`` (three times) decode to ``A``;
-* **escapes** — JSON and C-style string escapes: ``\\uXXXX`` (with surrogate pairs),
+* **escapes** — JSON and C-style string escapes: ``\\u`` and four hex digits (with surrogate pairs),
   ``\\xXX``, ``\\/``, ``\\n``...;
 * **hex** — runs of at least :data:`MIN_RUN_BYTES` bytes, plain (both alignments: a run
   may start on either nibble) or with one separator between bytes (``41:4b``,
