@@ -1540,7 +1540,10 @@ class _Start:
             _kill_tree(proc)
             proc.wait()  # reaped here: the exception leaves nobody to wait for it
             raise
-        os.write(self.block_w, b"1")
+        # bwrap gone before the command was let go (a cancelled run killed the tree
+        # meanwhile): nothing to release, nothing ran; the caller's wait reaps it.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(self.block_w, b"1")
         os.close(self.block_w)
         self.block_w = -1
 
