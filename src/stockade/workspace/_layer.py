@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import StockadeError
+from stockade._fs import remove_tree
 
 #: the metadata format of ``layer.json``
 LAYER_FORMAT = 1
@@ -252,15 +253,6 @@ def _remove_tree(path: Path) -> None:
             if not os.path.islink(full):
                 with contextlib.suppress(OSError):
                     os.chmod(full, 0o700)
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, name))
-        for name in dirs:
-            full = os.path.join(root, name)
-            with contextlib.suppress(OSError):
-                os.unlink(full) if os.path.islink(full) else os.rmdir(full)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
+    remove_tree(path)
     if os.path.lexists(path):
         raise LayerError(f"could not remove {path} completely; remove it by hand")
