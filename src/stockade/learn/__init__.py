@@ -213,8 +213,8 @@ def verify(
     attacks: bool = True,
 ) -> VerifyResult:
     """Re-run ``argv`` under ``policy`` and count the needed actions it breaks: every
-    refusal of the run, and an exit status or output that differs from the learning
-    runs in ``learned``; then (``attacks``) run the probe's seed scenario under the same
+    refusal of the run that learning did not refuse too, and an exit status or output
+    that differs from the learning runs in ``learned``; then (``attacks``) run the probe's seed scenario under the same
     policy's network and file grants and list its unneeded actions still open."""
     import hashlib
 
@@ -222,12 +222,20 @@ def verify(
     out = VerifyResult()
     run = _execute(argv, loaded, cwd=cwd, timeout=timeout, env=env)
     out.returncode = run.returncode
+    observations, summaries = _gather(learned) if learned else ([], [])
+    # what learning refused too (a metadata address) was never a needed action
+    refused_anyway = {
+        (o.get("host"), o.get("port"))
+        for o in observations
+        if o.get("kind") in ("connect", "request") and o.get("verdict") != "allow"
+    }
     for event in run.denials:
+        if (event.get("host"), event.get("port")) in refused_anyway:
+            continue
         what = event.get("host") or event.get("path") or event.get("detail") or ""
         port = f":{event['port']}" if event.get("port") else ""
         req = f" {event.get('method')} {event.get('path')}" if event.get("method") else ""
         out.broken.append(f"{event.get('event')}: {what}{port}{req} ({event.get('reason')})")
-    _, summaries = _gather(learned) if learned else ([], [])
     runs = [r for s in summaries for r in s.get("runs", [])]
     if runs:
         last = runs[-1]

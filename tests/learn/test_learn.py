@@ -1,0 +1,257 @@
+"""Learn mode end to end, for real: learn a task, suggest its policy, verify it, drift.
+
+The task reads a configuration file outside the workspace and fetches from a local HTTP
+server reached as ``thing.test`` (pinned to 127.0.0.1 by ``network.hosts``); it also
+tries the cloud metadata address, which learning must keep refused and suggest never
+admit. Each "stopped" check has its twin "the needed thing still works".
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import World, as_nobody, require
+
+PYTHON = "/usr/bin/python3"
+
+TASK = """
+import os, sys, urllib.request
+conf = open(sys.argv[1]).read().strip()
+hosts = sys.argv[3:] or ["thing.test"]
+for host in hosts:
+    body = urllib.request.urlopen(f"http://{host}:{sys.argv[2]}/data/{conf}", timeout=10).read()
+    print(host, body.decode())
+try:
+    urllib.request.urlopen("http://169.254.169.254/latest/meta-data/", timeout=3)
+    print("metadata reached")
+except Exception as exc:
+    print("metadata refused")
+"""
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"served {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[int]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _setup(world: World) -> tuple[Path, Path]:
+    require(os.path.exists(PYTHON), f"{PYTHON} is needed inside the sandbox")
+    conf_dir = world.root / "etc-app"
+    conf_dir.mkdir()
+    conf = conf_dir / "app.conf"
+    conf.write_text("alpha\n")
+    (world.workspace / "task.py").write_text(TASK)
+    base = world.root / "base.toml"
+    base.write_text('[network.hosts]\n"thing.test" = "127.0.0.1"\n"other.test" = "127.0.0.1"\n')
+    return conf, base
+
+
+def _task(conf: Path, port: int, *hosts: str) -> list[str]:
+    return [PYTHON, "task.py", str(conf), str(port), *hosts]
+
+
+def _learn(world: World, base: Path, run_dir: Path, task: list[str], *extra: str) -> str:
+    proc = world.stockade(
+        "learn",
+        "--policy",
+        str(base),
+        "--see",
+        str(world.root / "etc-app"),
+        "-o",
+        str(run_dir),
+        *extra,
+        "--",
+        *task,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _observations(run_dir: Path) -> list[dict[str, object]]:
+    lines = (run_dir / "observations.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.usefixtures("kernel")
+def test_learn_suggest_verify_config_and_fetch(world: World, server: int) -> None:
+    conf, base = _setup(world)
+    run_dir = world.root / "learnt"
+    task = _task(conf, server)
+    out = _learn(world, base, run_dir, task, "--runs", "2")
+    # learning refused nothing the task needed, and kept the metadata address refused
+    assert "thing.test served /data/alpha" in out
+    assert "metadata refused" in out
+    summary = json.loads((run_dir / "learn.json").read_text())
+    assert [r["returncode"] for r in summary["runs"]] == [0, 0]
+    seen = _observations(run_dir)
+    reads = {o["path"] for o in seen if o["kind"] == "read"}
+    assert str(conf) in reads
+    requests = [o for o in seen if o["kind"] == "request" and o["host"] == "thing.test"]
+    assert {(o["method"], o["path"], o["verdict"]) for o in requests} == {
+        ("GET", "/data/alpha", "allow")
+    }
+    assert {o["run"] for o in requests} == {1, 2}
+    metadata = [o for o in seen if o.get("host") == "169.254.169.254"]
+    assert metadata
+    assert all(o["verdict"] == "deny" for o in metadata)
+
+    policy = world.root / "suggested.toml"
+    proc = world.stockade(
+        "policy", "suggest", str(run_dir), "-o", str(policy), "--verify", "--", *task, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "needed actions broken: 0" in proc.stderr
+    assert "unneeded actions open: 0" in proc.stderr
+    text = policy.read_text()
+    assert f'"thing.test:{server}"' in text
+    assert f'"{conf}"' in text
+    assert "169.254.169.254" not in text.split("# Observed and not suggested:")[0]
+    # the whole policy is this (nothing beyond the observations): one host, one file
+    from stockade.policy import load_policy
+
+    loaded = load_policy(policy, workspace=world.workspace)
+    assert loaded.network.allow == (f"thing.test:{server}",)
+    assert loaded.filesystem.read == (conf,)
+    assert loaded.filesystem.write == ()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_verify_counts_a_needed_read_the_policy_breaks(world: World, server: int) -> None:
+    conf, base = _setup(world)
+    run_dir = world.root / "learnt"
+    task = _task(conf, server)
+    _learn(world, base, run_dir, task)
+    good = world.root / "good.toml"
+    assert world.stockade("policy", "suggest", str(run_dir), "-o", str(good)).returncode == 0
+    # the twin: without the config file's read line the task breaks, and verify says so
+    narrow = world.root / "narrow.toml"
+    narrow.write_text(good.read_text().replace(f'    "{conf}",\n', ""))
+    assert f'"{conf}"' not in narrow.read_text()
+    bad = world.stockade(
+        "policy",
+        "verify",
+        str(narrow),
+        "--learned",
+        str(run_dir),
+        "--no-attacks",
+        "--",
+        *task,
+        timeout=120,
+    )
+    assert bad.returncode == 1, bad.stderr
+    assert "needed actions broken: 0" not in bad.stderr
+    assert "exit status" in bad.stderr
+    ok = world.stockade(
+        "policy",
+        "verify",
+        str(good),
+        "--learned",
+        str(run_dir),
+        "--no-attacks",
+        "--",
+        *task,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "needed actions broken: 0" in ok.stderr
+    # suggest --verify writes nothing when the task breaks under the suggestion: a run
+    # directory whose learnt output differs (another configuration) cannot pass
+    conf.write_text("beta\n")
+    target = world.root / "never.toml"
+    refused = world.stockade(
+        "policy",
+        "suggest",
+        str(run_dir),
+        "-o",
+        str(target),
+        "--verify",
+        "--no-attacks",
+        "--",
+        *task,
+        timeout=120,
+    )
+    assert refused.returncode == 1
+    assert "not written" in refused.stderr
+    assert not target.exists()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_drift_names_a_host_needed_only_on_a_later_run(world: World, server: int) -> None:
+    conf, base = _setup(world)
+    first, later = world.root / "first", world.root / "later"
+    _learn(world, base, first, _task(conf, server))
+    policy = world.root / "policy.toml"
+    assert world.stockade("policy", "suggest", str(first), "-o", str(policy)).returncode == 0
+    # the twin: the runs the policy was learnt from need nothing it lacks
+    same = world.stockade("policy", "diff", str(policy), str(first))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert same.stdout == ""
+    _learn(world, base, later, _task(conf, server, "thing.test", "other.test"))
+    drift = world.stockade("policy", "diff", str(policy), str(later))
+    assert drift.returncode == 1
+    assert f"host other.test:{server} is not allowed" in drift.stdout
+    assert "thing.test" not in drift.stdout
+
+
+@pytest.mark.usefixtures("kernel")
+def test_learn_as_nobody_observes_the_read(world: World, server: int) -> None:
+    """The seccomp observer needs no privilege: uid 65534 learns the same read."""
+    require(os.getuid() == 0, "switching to uid 65534 needs root")
+    conf, base = _setup(world)
+    run_dir = world.root / "nobody-learnt"
+    proc = as_nobody(
+        world,
+        "learn",
+        "--policy",
+        str(base),
+        "--see",
+        str(conf.parent),
+        "-o",
+        str(run_dir),
+        "--",
+        *_task(conf, server),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "thing.test served /data/alpha" in proc.stdout
+    reads = {o["path"] for o in _observations(run_dir) if o["kind"] == "read"}
+    assert str(conf) in reads
+
+
+def test_learn_refuses_bad_input(world: World) -> None:
+    bad = world.stockade("learn", "--runs", "0", "--", "true")
+    assert bad.returncode == 125
+    assert "at least once" in bad.stderr
+    missing = world.stockade("learn", "--see", str(world.root / "nope"), "--", "true")
+    assert missing.returncode == 125
+    assert "no such file" in missing.stderr
+    not_a_run = world.stockade("policy", "suggest", str(world.root))
+    assert not_a_run.returncode == 125
+    assert "not a learn run directory" in not_a_run.stderr
