@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from stockade.enforce.seccomp import ARCHES, native_arch
 
-__all__ = ["MECHANISM", "Observation", "SyscallObserver", "build_filter"]
+__all__ = ["MECHANISM", "Observation", "SyscallObserver", "available", "build_filter"]
 
 #: what ``stockade doctor`` prints as this host's learn-mode file observer
 MECHANISM = "seccomp user notification (openat/openat2/open/execve/execveat, observed only)"
@@ -87,6 +87,19 @@ _EXTRA_NR: dict[str, dict[str, int]] = {
 def _numbers(arch: str) -> dict[int, str]:
     table = {**ARCHES[arch].nr, **_EXTRA_NR[arch]}
     return {table[name]: name for name in _WATCHED if name in table}
+
+
+def available() -> tuple[bool, str]:
+    """Whether this kernel offers seccomp user notification (``user_notif`` among the
+    actions), and a one-line reason when it does not."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail", encoding="ascii") as handle:
+            actions = handle.read().split()
+    except OSError:
+        return False, "no /proc/sys/kernel/seccomp/actions_avail (kernel without seccomp)"
+    if "user_notif" not in actions:
+        return False, "the kernel has no seccomp user notification (Linux 5.5+ needed)"
+    return True, ""
 
 
 def build_filter(arch: str | None = None) -> bytes:
@@ -146,6 +159,7 @@ class SyscallObserver:
         self.program = build_filter(self.arch)
         self._names = _numbers(self.arch)
         self._stop = threading.Event()
+        self._mem: dict[int, int] = {}
         self._thread = threading.Thread(target=self._serve, name="stockade-observer", daemon=True)
 
     def start(self) -> None:
@@ -198,6 +212,9 @@ class SyscallObserver:
             self.error = f"observer: {exc}"
         finally:
             os.close(listener)
+            for fd in self._mem.values():
+                os.close(fd)
+            self._mem.clear()
 
     def _receive(self) -> int | None:
         """Wait for the launcher's listener descriptor (or the end of the run)."""
@@ -224,7 +241,7 @@ class SyscallObserver:
         if name is None:
             return int(notif_id)
         path_arg, flags_arg, relative = _WATCHED[name]
-        path = _read_string(pid, args[path_arg])
+        path = _read_string(self._mem, pid, args[path_arg])
         if path is None:
             return int(notif_id)
         if not path.startswith("/"):
@@ -239,7 +256,7 @@ class SyscallObserver:
         if flags_arg is None:
             kind = "exec"
         else:
-            flags = _read_u64(pid, args[2]) if flags_arg == -1 else args[flags_arg]
+            flags = _read_u64(self._mem, pid, args[2]) if flags_arg == -1 else args[flags_arg]
             writes = (flags or 0) & _O_ACCMODE or (flags or 0) & (_O_CREAT | _O_TRUNC)
             kind = "write" if writes else "read"
         key = Observation(kind, path)
@@ -259,17 +276,40 @@ def _readlink(path: str) -> str | None:
         return None
 
 
-def _read_mem(pid: int, address: int, size: int) -> bytes | None:
+#: how many /proc/PID/mem descriptors an observer keeps open (a notification costs a
+#: round trip to its thread: an open and a close less per call is a tenth of it)
+_MEM_MAX = 256
+
+
+def _mem_fd(mem: dict[int, int], pid: int, fresh: bool = False) -> int | None:
+    fd = mem.pop(pid, None)
+    if fd is not None and fresh:
+        os.close(fd)
+        fd = None
+    if fd is None:
+        if len(mem) >= _MEM_MAX:
+            for old in list(mem):
+                os.close(mem.pop(old))
+        try:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+    mem[pid] = fd
+    return fd
+
+
+def _read_mem(cache: dict[int, int], pid: int, address: int, size: int) -> bytes | None:
     if not address:
         return None
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        # the string may end close to the end of a mapping: read a page at a time
+    for fresh in (False, True):
+        # a cached descriptor of an exited task (its pid reused, or an exec that
+        # replaced its memory) reads nothing: open it again, once
+        fd = _mem_fd(cache, pid, fresh)
+        if fd is None:
+            return None
         out = b""
         while len(out) < size:
+            # the string may end close to the end of a mapping: a page at a time
             want = min(size - len(out), 4096 - (address + len(out)) % 4096)
             try:
                 chunk = os.pread(fd, want, address + len(out))
@@ -280,13 +320,13 @@ def _read_mem(pid: int, address: int, size: int) -> bytes | None:
             out += chunk
             if b"\0" in chunk:
                 break
-        return out or None
-    finally:
-        os.close(fd)
+        if out:
+            return out
+    return None
 
 
-def _read_string(pid: int, address: int) -> str | None:
-    raw = _read_mem(pid, address, _PATH_MAX)
+def _read_string(cache: dict[int, int], pid: int, address: int) -> str | None:
+    raw = _read_mem(cache, pid, address, _PATH_MAX)
     if raw is None:
         return None
     end = raw.find(b"\0")
@@ -295,8 +335,8 @@ def _read_string(pid: int, address: int) -> str | None:
     return raw[:end].decode("utf-8", "surrogateescape") or None
 
 
-def _read_u64(pid: int, address: int) -> int | None:
-    raw = _read_mem(pid, address, 8)
+def _read_u64(cache: dict[int, int], pid: int, address: int) -> int | None:
+    raw = _read_mem(cache, pid, address, 8)
     if raw is None or len(raw) < 8:
         return None
     return int(struct.unpack("=Q", raw[:8])[0])
