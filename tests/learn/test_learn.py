@@ -255,3 +255,207 @@ def test_learn_refuses_bad_input(world: World) -> None:
     not_a_run = world.stockade("policy", "suggest", str(world.root))
     assert not_a_run.returncode == 125
     assert "not a learn run directory" in not_a_run.stderr
+
+
+class _GitHandler(http.server.BaseHTTPRequestHandler):
+    """Smart HTTP through ``git http-backend`` (CGI), for the repositories under
+    ``server.git_root``."""
+
+    def _serve(self) -> None:
+        import subprocess
+
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length) if length else b""
+        script, _, query = self.path.partition("?")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "GIT_PROJECT_ROOT": str(self.server.git_root),  # type: ignore[attr-defined]
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": script,
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("content-type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "GIT_PROTOCOL": self.headers.get("git-protocol", ""),
+            "REMOTE_ADDR": "127.0.0.1",
+        }
+        out = subprocess.run(
+            ["git", "http-backend"], input=body, env=env, capture_output=True, check=False
+        ).stdout
+        head, _, payload = out.partition(b"\r\n\r\n")
+        status, headers = 200, []
+        for line in head.decode(errors="replace").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.lower() == "status":
+                status = int(value.split()[0])
+            elif name:
+                headers.append((name, value.strip()))
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = _serve
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("kernel")
+def test_git_clone_over_smart_http_learn_suggest_verify(world: World) -> None:
+    import shutil
+
+    require(shutil.which("git") is not None, "git is needed")
+    from tests.clients.conftest import bare_repository
+    from tests.runtime.test_toolchains import MESSAGE
+
+    repos = world.root / "repos"
+    repos.mkdir()
+    bare_repository(repos)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GitHandler)
+    srv.git_root = repos  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        base = world.root / "base.toml"
+        base.write_text('[network.hosts]\n"git.test" = "127.0.0.1"\n')
+        task = [
+            "sh",
+            "-c",
+            # into the sandbox's own /tmp: each run starts from the same state
+            f"git clone -q http://git.test:{port}/repo.git /tmp/clone && cat /tmp/clone/hello.txt",
+        ]
+        run_dir = world.root / "learnt"
+        proc = world.stockade("learn", "--policy", str(base), "-o", str(run_dir), "--", *task)
+        assert proc.returncode == 0, proc.stderr
+        assert MESSAGE in proc.stdout
+        requests = {
+            (o["method"], o["path"])
+            for o in _observations(run_dir)
+            if o["kind"] == "request" and o["host"] == "git.test"
+        }
+        assert ("GET", "/repo.git/info/refs") in requests
+        assert ("POST", "/repo.git/git-upload-pack") in requests
+        policy = world.root / "git.toml"
+        proc = world.stockade(
+            "policy",
+            "suggest",
+            str(run_dir),
+            "-o",
+            str(policy),
+            "--verify",
+            "--",
+            *task,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "needed actions broken: 0" in proc.stderr
+        assert "unneeded actions open: 0" in proc.stderr
+        from stockade.policy import load_policy
+
+        assert load_policy(policy, workspace=world.workspace).network.allow == (f"git.test:{port}",)
+        # the twin: the same clone under the default policy (no host) is refused
+        refused = world.stockade("run", "--policy", str(base), "--", *task)
+        assert refused.returncode != 0
+        assert MESSAGE not in refused.stdout
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_the_api_learns_and_suggests(world: World, server: int) -> None:
+    """``stockade.learn(...)`` is the package's :func:`learn`; two runs merge."""
+    import stockade
+    from stockade.learn import suggest_from
+
+    conf, base = _setup(world)
+    run_dir = world.root / "api-learnt"
+    result = stockade.learn(  # type: ignore[operator]
+        _task(conf, server),
+        policy=base,
+        workspace=world.workspace,
+        cwd=world.workspace,
+        out=run_dir,
+        runs=2,
+        see=[conf.parent],
+        env=world.env,
+    )
+    assert result.returncodes == [0, 0]
+    assert b"thing.test served /data/alpha" in result.stdout
+    suggestion = suggest_from([run_dir])
+    assert [line.value for line in suggestion.section("allow")] == [f"thing.test:{server}"]
+    assert [line.value for line in suggestion.section("read")] == [str(conf)]
+    # each line names the observations of both runs
+    assert {n.split(":")[0] for n in suggestion.section("read")[0].needs} == {"run 1", "run 2"}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("kernel")
+def test_pip_install_from_a_local_index_learn_suggest_verify(world: World) -> None:
+    from tests.runtime.test_toolchains import IMPORT, MESSAGE, PIP, PKG, simple_index
+
+    files = simple_index()
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = files.get(self.path.split("?", 1)[0])
+            self.send_response(200 if data is not None else 404)
+            kind = "text/html" if self.path.endswith("/") else "application/octet-stream"
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(data or b"")))
+            self.end_headers()
+            self.wfile.write(data or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        base = world.root / "base.toml"
+        base.write_text('[network.hosts]\n"index.test" = "127.0.0.1"\n')
+        index = f"http://index.test:{port}/simple/"
+        # into the sandbox's own /tmp, so that every run starts from the same state
+        script = (
+            "cd /tmp && "
+            + PIP.format(args=f"--index-url {index} --trusted-host index.test", pkg=PKG)
+            + " && "
+            + IMPORT
+        )
+        task = ["sh", "-c", script]
+        run_dir = world.root / "learnt"
+        proc = world.stockade(
+            "learn", "--policy", str(base), "-o", str(run_dir), "--", *task, timeout=240
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert MESSAGE in proc.stdout
+        paths = {o["path"] for o in _observations(run_dir) if o.get("host") == "index.test"}
+        assert f"/simple/{PKG}/" in paths
+        policy = world.root / "pip.toml"
+        proc = world.stockade(
+            "policy",
+            "suggest",
+            str(run_dir),
+            "-o",
+            str(policy),
+            "--verify",
+            "--",
+            *task,
+            timeout=360,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "needed actions broken: 0" in proc.stderr
+        assert "unneeded actions open: 0" in proc.stderr
+        from stockade.policy import load_policy
+
+        loaded = load_policy(policy, workspace=world.workspace)
+        assert loaded.network.allow == (f"index.test:{port}",)
+        # pip's own files come from the PATH tools every run binds: nothing to grant
+        assert loaded.filesystem.write == ()
+    finally:
+        srv.shutdown()
+        srv.server_close()

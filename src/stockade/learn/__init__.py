@@ -2,9 +2,10 @@
 
 ::
 
-    from stockade.learn import learn, suggest_from, verify, drift
+    import stockade
+    from stockade.learn import suggest_from, verify, drift
 
-    result = learn(["pytest", "-q"], workspace="~/project", runs=2, out="learn-run")
+    result = stockade.learn(["pytest", "-q"], workspace="~/project", runs=2, out="learn-run")
     text = suggest_from([result.run_dir]).to_toml()
 
 DESIGN §3: ``learn`` is L3; it drives the runtime and the policy loader (and, for the
@@ -14,7 +15,9 @@ attack scenario, the probe), and nothing below imports it. See docs/learn.md.
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -133,6 +136,8 @@ def learn(
         home=home,
         enabled=base.layers.secrets,
     ).env
+    # the caller's PATH tools are bound in every run (as in learning): not observations
+    toolchains = paths.toolchain_paths(caller.get("PATH", ""), Path(home))
     result = LearnResult(run_dir.path, mechanism=MECHANISM)
     for _ in range(runs):
         observer = SyscallObserver()
@@ -144,7 +149,9 @@ def learn(
         duration = time.monotonic() - started
         observations = [
             *observations_from_events(run.events),
-            *file_observations(observer.seen, base.filesystem.workspace, home, see_paths),
+            *file_observations(
+                observer.seen, base.filesystem.workspace, home, see_paths, granted=toolchains
+            ),
             *env_observations(passed),
         ]
         if observer.error or not observer.attached:
@@ -241,8 +248,10 @@ def verify(
         last = runs[-1]
         out.expected_returncode = int(last["returncode"])
         if run.returncode != out.expected_returncode:
+            tail = (run.stderr or b"").decode(errors="replace").strip().splitlines()[-1:]
             out.broken.append(
                 f"exit status {run.returncode}, learning runs exited {out.expected_returncode}"
+                + (f" (its last error line: {tail[0][:200]})" if tail else "")
             )
         digest = hashlib.sha256(run.stdout or b"").hexdigest()
         out.output_matches = digest == last["stdout_sha256"]
@@ -268,3 +277,14 @@ def drift(
 
     observations, summaries = _gather(run_dirs)
     return not_admitted(loaded, observations, summaries)
+
+
+class _CallableModule(types.ModuleType):
+    """The package itself is callable, so that ``stockade.learn(...)`` is :func:`learn`
+    (the API's entry; ``api`` cannot import this package, which drives it)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> LearnResult:
+        return learn(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -228,16 +228,23 @@ def _under(path: str, roots: Iterable[str]) -> bool:
 
 
 def file_observations(
-    seen: Mapping[Any, int], workspace: Path, home: str, see: Sequence[Path] = ()
+    seen: Mapping[Any, int],
+    workspace: Path,
+    home: str,
+    see: Sequence[Path] = (),
+    *,
+    granted: Sequence[Path] = (),
 ) -> list[dict[str, Any]]:
-    """The observer's records as observation lines. Left out: the workspace (every policy
-    grants it) and the sandbox's own directories (:data:`PRIVATE` and its HOME), except
-    what a ``see`` directory bound from the host."""
+    """The observer's records as observation lines. Left out: the workspace and
+    ``granted`` (the caller's PATH tools: every run binds them) and the sandbox's own
+    directories (:data:`PRIVATE` and its HOME), except what a ``see`` directory bound
+    from the host."""
     private = (*PRIVATE, home)
     shown = [str(p) for p in see]
+    always = [str(workspace), *map(str, granted)]
     out = []
     for item, count in sorted(seen.items(), key=lambda kv: (kv[0].kind, kv[0].path)):
-        if _under(item.path, [str(workspace)]):
+        if _under(item.path, always):
             continue
         if _under(item.path, private) and not _under(item.path, shown):
             continue
