@@ -62,6 +62,10 @@
  *   "W=FD"              hold: read one byte from the inherited FD before anything
  *                       else (the runtime moves this process into its cgroup first)
  *   "B=N"               followed by exactly N raw bytes of struct sock_filter[]
+ *   "F=FD"              learn mode: a unix socket to send the observer's listener over
+ *   "P=N"               followed by N raw bytes: the observer's user-notification
+ *                       filter, loaded last (after the verification) with
+ *                       SECCOMP_FILTER_FLAG_NEW_LISTENER (enforce/observe.py)
  *   "X=1"               exec CMD with exactly the "e" records as its environment,
  *                       not the launcher's own (which is then the host's fixed one:
  *                       the launcher runs on the host before Landlock when there is
@@ -236,7 +240,7 @@ struct spec {
 	int handle_net;
 	int reaper;
 	int hold_fd;
-	/* F and Q: the learn mode's observer (enforce/observe.py): a unix socket to send
+	/* F and P: the learn mode's observer (enforce/observe.py): a unix socket to send
 	 * the listener of a seccomp user-notification filter over, and that filter */
 	int observer_fd;
 	const unsigned char *observer_bpf;
@@ -423,7 +427,7 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 			s->observer_fd = (int)fd;
 			break;
 		}
-		case 'Q': {
+		case 'P': {
 			char *qend;
 			errno = 0;
 			unsigned long n = strtoul(v, &qend, 10);

@@ -180,7 +180,7 @@ def serialize(spec: LauncherSpec) -> bytes:
         if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:
             raise ValueError(f"launcher spec: observer program of {n} bytes is not 1..4096 insns")
         out.append(rec("F", str(spec.observer_fd)))
-        out.append(rec("Q", str(n)))
+        out.append(rec("P", str(n)))
         out.append(spec.observer_bpf)
     if spec.seccomp_bpf is not None:
         n = len(spec.seccomp_bpf)

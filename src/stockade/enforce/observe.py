@@ -10,8 +10,9 @@ user, so it is the one stockade uses (``stockade doctor`` names it):
 * fanotify (``FAN_OPEN``/``FAN_OPEN_EXEC``/``FAN_MODIFY`` on mount marks) needs
   ``CAP_SYS_ADMIN`` in the initial user namespace: root only.
 * seccomp user notification needs nothing but ``no_new_privs``: the inner launcher
-  (``_launcher.c``, spec records ``O`` and ``b``) loads :func:`build_filter`'s program
-  with ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` just before stockade's own filter, sends the
+  (``_launcher.c``, spec records ``F`` and ``P``) loads :func:`build_filter`'s program
+  with ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` as its last step (after Landlock, stockade's
+  own filter and their verification, so none of its own probes is seen), sends the
   listener descriptor to the host over an inherited unix socket and closes it (the
   command never holds it). :class:`SyscallObserver` receives it and answers every
   notification with ``SECCOMP_USER_NOTIF_FLAG_CONTINUE``: the kernel then runs the
