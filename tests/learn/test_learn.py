@@ -44,6 +44,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    do_POST = do_DELETE = do_GET
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -456,6 +458,84 @@ def test_pip_install_from_a_local_index_learn_suggest_verify(world: World) -> No
         assert loaded.network.allow == (f"index.test:{port}",)
         # pip's own files come from the PATH tools every run binds: nothing to grant
         assert loaded.filesystem.write == ()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_inspected_tls_requests_become_rules_per_method(world: World) -> None:
+    """A host the learning policy inspects (it has request rules): the suggestion has one
+    rule per method with the paths seen (six sibling paths widen to ``dir/*``, named),
+    and under it a request never seen (DELETE) is refused while the seen ones pass."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    ca_path = world.root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("api.test").configure_cert(ctx)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        base = world.root / "base.toml"
+        base.write_text(
+            f'[network]\nallow = ["api.test:{port}"]\ntls_ports = [443, {port}]\n'
+            f'tls = {{ upstream_ca = "{ca_path}" }}\n'
+            '[network.hosts]\n"api.test" = "127.0.0.1"\n'
+            f'[[network.rules]]\nhost = "api.test:{port}"\npaths = ["/**"]\n'
+        )
+        url = f"https://api.test:{port}"
+        curl = 'curl -sS -m 10 --cacert "$SSL_CERT_FILE" -o /dev/null -w "%{http_code} "'
+        task = [
+            "sh",
+            "-c",
+            f"for i in 0 1 2 3 4 5; do {curl} {url}/v1/items/$i; done; "
+            f"{curl} -X POST -d x {url}/v1/orders; echo",
+        ]
+        run_dir = world.root / "learnt"
+        proc = world.stockade("learn", "--policy", str(base), "-o", str(run_dir), "--", *task)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["200"] * 7, proc.stdout
+        policy = world.root / "api.toml"
+        proc = world.stockade(
+            "policy",
+            "suggest",
+            str(run_dir),
+            "-o",
+            str(policy),
+            "--verify",
+            "--",
+            *task,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "needed actions broken: 0" in proc.stderr
+        text = policy.read_text()
+        assert "WIDENING: 6 paths seen under /v1/items/" in text
+        from stockade.policy import load_policy
+
+        rules = {
+            (r.methods, r.paths)
+            for r in load_policy(policy, workspace=world.workspace).network.rules
+        }
+        assert rules == {(("GET",), ("/v1/items/*",)), (("POST",), ("/v1/orders",))}
+        # the twin: what was never seen is refused under the suggestion
+        other = world.stockade(
+            "run",
+            "--policy",
+            str(policy),
+            "--",
+            "sh",
+            "-c",
+            f"{curl} -X DELETE {url}/v1/orders; {curl} -X POST -d x {url}/v1/items/1; "
+            f"{curl} {url}/v1/items/9; echo",
+        )
+        assert other.stdout.split() == ["403", "403", "200"], other.stdout + other.stderr
     finally:
         srv.shutdown()
         srv.server_close()

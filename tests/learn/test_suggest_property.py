@@ -84,12 +84,22 @@ def test_every_allow_line_is_justified_and_everything_observed_is_admitted(
             assert len({p for p in seen if p.rsplit("/", 1)[0] == directory}) > PATH_SIBLINGS
         else:
             assert line.value in seen
-        methods = {
-            o["method"]
+        # one method per rule, and every path it stands for was seen with that method
+        (method,) = line.extra["methods"]
+        with_method = {
+            o["path"]
             for o in obs
-            if _ok(o) and o["kind"] == "request" and (o["host"], o["port"]) == (host, int(port))
+            if _ok(o)
+            and o["kind"] == "request"
+            and o["protocol"] != "http"
+            and (o["host"], o["port"], o["method"]) == (host, int(port), method)
         }
-        assert set(line.extra["methods"]) <= methods
+        if line.widening:
+            directory = line.value.removesuffix("/*")
+            assert len({p for p in with_method if p.rsplit("/", 1)[0] == directory}) > PATH_SIBLINGS
+        else:
+            assert line.value in with_method
+        assert line.needs
 
     read = {o["path"] for o in obs if o["kind"] == "read"}
     for line in s.section("read"):

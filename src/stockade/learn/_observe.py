@@ -209,6 +209,8 @@ def run_record(
         "workspace": str(policy.filesystem.workspace),
         "policy_sources": list(policy.sources),
         "hosts": dict(policy.network.hosts),
+        "tls_ports": list(policy.network.tls_ports),
+        "upstream_ca": str(policy.network.upstream_ca) if policy.network.upstream_ca else None,
         "returncode": result.returncode,
         "stdout_sha256": _digest(result.stdout),
         "stderr_sha256": _digest(result.stderr),

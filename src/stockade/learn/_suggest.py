@@ -8,9 +8,12 @@ The rules, each stated once here and in docs/learn.md:
   does the parent become ``*.parent:port``, and the line says it is a widening and which
   names it stands for. A name ``network.hosts`` pinned in the learning run keeps its pin.
 * **request rules**: for each host with observed requests over TLS the proxy inspected
-  (a ruled host is refused plain HTTP, so plain-HTTP hosts get none), one ``[[network.rules]]`` with
-  the methods seen and the paths seen; the paths of one directory become ``dir/*`` when
-  more than :data:`PATH_SIBLINGS` distinct ones were seen there (a widening, named).
+  (a ruled host is refused plain HTTP, so plain-HTTP hosts get none), one
+  ``[[network.rules]]`` per method seen, with the paths seen with it; the paths of one
+  directory become ``dir/*`` when more than :data:`PATH_SIBLINGS` distinct ones were seen
+  there (a widening, named).
+* **TLS**: the learning policy's ``tls_ports`` and ``network.tls.upstream_ca`` are kept
+  (the hosts reached through them need them).
 * **files**: a file read outside the workspace and outside what every run already sees
   (the system paths; the sandbox's own HOME, /tmp, /proc, /dev are never observations)
   becomes a ``read``
@@ -76,6 +79,10 @@ class Suggestion:
 
     workspace: str
     lines: list[Line] = field(default_factory=list)
+    #: kept from the learning policy (ports where a tunnel must carry TLS; the CA the
+    #: proxy verifies upstream TLS against), when it had them
+    tls_ports: tuple[int, ...] = ()
+    upstream_ca: str = ""
     refused: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -138,6 +145,11 @@ def suggest(
         for name, address in dict(run.get("hosts", {})).items():
             pins[normalize_host(name)] = address
     out = Suggestion(workspace)
+    ports = sorted({int(p) for run in runs for p in run.get("tls_ports", [])})
+    if ports and ports != [443]:
+        out.tls_ports = tuple(ports)
+    cas = [str(run["upstream_ca"]) for run in runs if run.get("upstream_ca")]
+    out.upstream_ca = cas[-1] if cas else ""
     hosts: dict[tuple[str, int], list[str]] = defaultdict(list)
     requests: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
     reads: dict[str, list[str]] = defaultdict(list)
@@ -152,8 +164,9 @@ def suggest(
             host, port = str(obs.get("host", "")), int(obs.get("port", 0))
             if not host or not port:
                 continue
+            scheme = "http" if obs.get("protocol") == "http" else "https"
             what = (
-                f"run {run}: {obs.get('method')} http://{host}:{port}{obs.get('path')}"
+                f"run {run}: {obs.get('method')} {scheme}://{host}:{port}{obs.get('path')}"
                 if kind == "request"
                 else f"run {run}: connect {host}:{port}"
             )
@@ -193,20 +206,25 @@ def suggest(
     for where in sorted(plain):
         out.skipped.append(f"{where}: plain HTTP, so no request rules (they need TLS there)")
     for (host, port), seen in sorted(requests.items()):
-        methods = sorted({m for m, _ in seen})
-        for glob, members, widening in [(g, m, w) for g, m, w in _glob_paths([p for _, p in seen])]:
-            needs = tuple(
-                w for w in hosts[(host, port)] if any(f"{host}:{port}{p}" in w for p in members)
-            )
-            out.lines.append(
-                Line(
-                    "rules",
-                    glob,
-                    needs,
-                    widening,
-                    {"host": f"{host}:{port}", "methods": tuple(methods)},
+        # one rule per method, with that method's paths: a POST seen on one path does
+        # not admit POST on the paths only read
+        for method in sorted({m for m, _ in seen}):
+            paths = [p for m, p in seen if m == method]
+            for glob, members, widening in _glob_paths(paths):
+                needs = tuple(
+                    w
+                    for w in hosts[(host, port)]
+                    if any(w.endswith(f" {method} https://{host}:{port}{p}") for p in members)
                 )
-            )
+                out.lines.append(
+                    Line(
+                        "rules",
+                        glob,
+                        needs,
+                        widening,
+                        {"host": f"{host}:{port}", "methods": (method,)},
+                    )
+                )
     _files(out, "read", reads, isdir)
     _files(out, "write", writes, isdir, exists=exists)
     for name in sorted(env_seen & set(env_pass)):
@@ -316,6 +334,16 @@ def _render(s: Suggestion) -> str:
         out += _why(line)
         out.append(f"    {_q(line.value)},")
     out.append("]")
+    if s.tls_ports:
+        out.append("# kept from the learning policy: ports whose tunnels must carry TLS")
+        out.append("tls_ports = [" + ", ".join(str(p) for p in s.tls_ports) + "]")
+    if s.upstream_ca:
+        out += [
+            "",
+            "[network.tls]",
+            "# kept from the learning policy",
+            f"upstream_ca = {_q(s.upstream_ca)}",
+        ]
     if s.section("hosts"):
         out += ["", "[network.hosts]"]
         for line in s.section("hosts"):
