@@ -539,3 +539,37 @@ def test_inspected_tls_requests_become_rules_per_method(world: World) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_a_host_socket_in_a_visible_directory_stays_out_of_reach(world: World) -> None:
+    """``connect()`` needs no write permission: learning masks the unix sockets of what it
+    makes visible, while the directory's files stay readable (the twin)."""
+    import socket
+
+    require(os.path.exists(PYTHON), f"{PYTHON} is needed inside the sandbox")
+    shown = world.root / "etc-app"
+    shown.mkdir()
+    (shown / "app.conf").write_text("alpha\n")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(shown / "daemon.sock"))
+    listener.listen(1)
+    try:
+        probe = (
+            "import socket\n"
+            f"print(open({str(shown / 'app.conf')!r}).read().strip())\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({str(shown / 'daemon.sock')!r}); print('connected')\n"
+            "except OSError as exc:\n"
+            "    print('refused', exc.errno)\n"
+        )
+        proc = world.stockade(
+            "learn", "--see", str(shown), "-o", str(world.root / "l"), "--", PYTHON, "-c", probe
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == "alpha"
+        assert lines[1].startswith("refused"), proc.stdout
+    finally:
+        listener.close()

@@ -45,10 +45,13 @@ __all__ = [
 ]
 
 #: host directories a learning run makes readable (when they exist), besides the system
-#: paths every run has: where configuration and shared data live. HOME, /tmp, /var/tmp,
-#: /run, /proc, /sys and /dev stay the sandbox's own (binding the host's would hand the
-#: task host devices, sockets and processes); ``see`` adds directories of the caller's.
-LEARN_VISIBLE: tuple[str, ...] = ("/etc", "/opt", "/srv", "/usr", "/var/lib", "/var/cache")
+#: paths every run has (/usr, /etc, /opt, ...). HOME, /tmp, /var/tmp, /run, /proc, /sys
+#: and /dev stay the sandbox's own (binding the host's would hand the task host devices,
+#: sockets and processes), and so do /var/lib and /var/cache (daemons keep their unix
+#: sockets there: ``connect()`` on one needs no write permission, so a read-only bind
+#: would not stop it). ``see`` adds directories of the caller's; the unix sockets found
+#: in any of them are masked (``filesystem.deny``), as the workspace's are.
+LEARN_VISIBLE: tuple[str, ...] = ("/srv",)
 
 OBSERVATIONS = "observations.jsonl"
 SUMMARY = "learn.json"
@@ -64,10 +67,23 @@ def learning_policy(policy: Policy, see: Sequence[Path] = ()) -> Policy:
         if not path.exists():
             raise PolicyError(f"learn: --see {extra}: no such file or directory")
         visible.append(path)
+    from stockade.enforce.paths import workspace_sockets
+
+    sockets: list[str] = []
+    for directory in visible:
+        if not directory.is_dir():
+            continue
+        found, complete = workspace_sockets(directory)
+        if not complete:
+            raise PolicyError(
+                f"learn: {directory} is too large to search for unix sockets in time; "
+                "make it visible with a narrower --see directory"
+            )
+        sockets += [str(p) for p in found]
     read = tuple(dict.fromkeys((*fs.read, *visible)))
     return replace(
         policy,
-        filesystem=replace(fs, read=read),
+        filesystem=replace(fs, read=read, deny=(*fs.deny, *sockets)),
         network=replace(policy.network, learning=True),
     )
 
