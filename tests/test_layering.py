@@ -45,7 +45,7 @@ LEVELS: dict[str, int] = {
     "__main__": 5,
 }
 #: same-level imports DESIGN allows
-ALLOWED_SIDEWAYS = {("model", "policy"), ("learn", "probe")}
+ALLOWED_SIDEWAYS = {("model", "policy")}
 
 
 def _package(module: str) -> str:
