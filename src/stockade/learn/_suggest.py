@@ -157,6 +157,8 @@ def suggest(
     env_seen: set[str] = set()
     withheld: set[str] = set()
     plain: set[str] = set()
+    #: the observation texts of each (host, port, method, path) requested over TLS
+    texts: dict[tuple[str, int, str, str], list[str]] = defaultdict(list)
     for obs in observations:
         kind = obs.get("kind")
         run = obs.get("run", "?")
@@ -179,7 +181,9 @@ def suggest(
                 # rules are for TLS it intercepts, so plain HTTP gets the host alone
                 plain.add(f"{host}:{port}")
             elif kind == "request":
-                requests[(host, port)].append((str(obs.get("method")), str(obs.get("path"))))
+                method, path = str(obs.get("method")), str(obs.get("path"))
+                requests[(host, port)].append((method, path))
+                texts[(host, port, method, path)].append(what)
         elif kind in ("read", "exec", "write"):
             path = str(obs.get("path", ""))
             if not path.startswith("/") or _under(path, _ALWAYS):
@@ -211,11 +215,7 @@ def suggest(
         for method in sorted({m for m, _ in seen}):
             paths = [p for m, p in seen if m == method]
             for glob, members, widening in _glob_paths(paths):
-                needs = tuple(
-                    w
-                    for w in hosts[(host, port)]
-                    if any(w.endswith(f" {method} https://{host}:{port}{p}") for p in members)
-                )
+                needs = tuple(w for p in members for w in texts[(host, port, method, p)])
                 out.lines.append(
                     Line(
                         "rules",
