@@ -30,6 +30,7 @@ def test_public_names_are_curated() -> None:
             "Unavailable",
             "__version__",
             "arun",
+            "learn",
             "run",
         ]
     )

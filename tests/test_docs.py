@@ -44,6 +44,7 @@ def test_policy_reference_is_the_generated_text() -> None:
         "srt.md",
         "dependencies.md",
         "integrations.md",
+        "learn.md",
     ],
 )
 def test_page_exists_and_links_resolve(name: str) -> None:
@@ -55,7 +56,7 @@ def test_page_exists_and_links_resolve(name: str) -> None:
         assert (DOCS / target).is_file(), f"{name} links to missing {target}"
 
 
-@pytest.mark.parametrize("name", ["mcp.md", "recipes.md"])
+@pytest.mark.parametrize("name", ["mcp.md", "recipes.md", "learn.md"])
 def test_json_examples_parse(name: str) -> None:
     found = blocks(name, "json")
     assert found

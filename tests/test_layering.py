@@ -37,6 +37,9 @@ LEVELS: dict[str, int] = {
     "probe": 3,
     # one adapter per agent framework, over the public API (DESIGN §3)
     "integrations": 3,
+    # observe, suggest, verify (DESIGN §3: L3; it drives the runtime, the policy loader
+    # and the probe's scenario, and nothing imports it)
+    "learn": 3,
     "cli": 4,
     "mcp": 4,
     "__main__": 5,

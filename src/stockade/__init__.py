@@ -41,6 +41,7 @@ __all__ = [
     "Unavailable",
     "__version__",
     "arun",
+    "learn",
     "run",
 ]
 
@@ -58,6 +59,11 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "learn":
+        # the learn package, callable as stockade.learn(...) (stockade.learn.learn)
+        import importlib
+
+        return importlib.import_module("stockade.learn")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'stockade' has no attribute {name!r}")

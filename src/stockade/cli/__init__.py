@@ -55,6 +55,14 @@ VERBS: dict[str, tuple[str, str]] = {
         "stockade.cli.review",
         "an overlay run's file changes beside its network decisions, in one place",
     ),
+    "learn": (
+        "stockade.cli.learn",
+        "run a task in learning mode and record what it needs (files, hosts, requests)",
+    ),
+    "policy": (
+        "stockade.cli.policy",
+        "suggest a policy from learning runs, verify it, report drift",
+    ),
     "export": (
         "stockade.cli.export",
         "write a policy as Kubernetes manifests (agent-sandbox, Pod, Deployment, gateway)",

@@ -163,6 +163,20 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
             "layers": ["syscalls"],
         }
     )
+    from stockade.enforce import observe
+
+    notify, why = observe.available()
+    out.append(
+        {
+            # stockade learn's file observer; Landlock's audit records and fanotify would
+            # need root (CAP_AUDIT_READ, CAP_SYS_ADMIN), this one works for every user
+            "name": "learn mode",
+            "ok": notify,
+            "detail": f"files seen by {observe.MECHANISM}" if notify else why,
+            "fix": "" if notify else "stockade learn needs a kernel >= 5.5 with seccomp filters",
+            "layers": [],
+        }
+    )
     mount_api = _host.mount_api()
     out.append(
         {

@@ -62,6 +62,10 @@
  *   "W=FD"              hold: read one byte from the inherited FD before anything
  *                       else (the runtime moves this process into its cgroup first)
  *   "B=N"               followed by exactly N raw bytes of struct sock_filter[]
+ *   "F=FD"              learn mode: a unix socket to send the observer's listener over
+ *   "P=N"               followed by N raw bytes: the observer's user-notification
+ *                       filter, loaded last (after the verification) with
+ *                       SECCOMP_FILTER_FLAG_NEW_LISTENER (enforce/observe.py)
  *   "X=1"               exec CMD with exactly the "e" records as its environment,
  *                       not the launcher's own (which is then the host's fixed one:
  *                       the launcher runs on the host before Landlock when there is
@@ -236,6 +240,11 @@ struct spec {
 	int handle_net;
 	int reaper;
 	int hold_fd;
+	/* F and P: the learn mode's observer (enforce/observe.py): a unix socket to send
+	 * the listener of a seccomp user-notification filter over, and that filter */
+	int observer_fd;
+	const unsigned char *observer_bpf;
+	size_t observer_bpf_len;
 	uint64_t connect_ports[64];
 	size_t n_connect;
 	struct { int resource; rlim_t value; } rlimits[9];
@@ -407,6 +416,28 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 			if (errno || *wend || fd < 3 || fd > 1 << 20)
 				die("bad spec: hold fd \"%.20s\" is not an inherited fd above 2", v);
 			s->hold_fd = (int)fd;
+			break;
+		}
+		case 'F': {
+			char *fend;
+			errno = 0;
+			long fd = strtol(v, &fend, 10);
+			if (errno || *fend || fd < 3 || fd > 1 << 20)
+				die("bad spec: observer fd \"%.20s\" is not an inherited fd above 2", v);
+			s->observer_fd = (int)fd;
+			break;
+		}
+		case 'P': {
+			char *qend;
+			errno = 0;
+			unsigned long n = strtoul(v, &qend, 10);
+			if (errno || *qend || n == 0 || n % sizeof(struct sock_filter) ||
+			    n / sizeof(struct sock_filter) > MAX_BPF_INSNS || n > len - off)
+				die("bad spec: observer program length %.20s is invalid; rebuild it with stockade.enforce.observe",
+				    v);
+			s->observer_bpf = (const unsigned char *)buf + off;
+			s->observer_bpf_len = n;
+			off += n;
 			break;
 		}
 		case 'c': {
@@ -709,6 +740,54 @@ static void load_seccomp(const struct spec *s)
 		die("prctl(PR_SET_SECCOMP) failed: %s (kernel without CONFIG_SECCOMP_FILTER?); use --disable syscalls",
 		    errname(errno));
 	free(insns);
+}
+
+#ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
+#define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
+#endif
+
+/* The learn mode's observer (enforce/observe.py): load its user-notification filter,
+ * hand the listener to the host over the observer socket and close both, so that the
+ * command never holds the descriptor that answers for it. The host answers every
+ * notification with CONTINUE: nothing is decided here, only seen. */
+static void start_observer(const struct spec *s)
+{
+	struct sock_fprog prog;
+	prog.len = (unsigned short)(s->observer_bpf_len / sizeof(struct sock_filter));
+	struct sock_filter *insns = malloc(s->observer_bpf_len);
+	if (!insns)
+		die("loading the observer filter failed: ENOMEM; free memory");
+	memcpy(insns, s->observer_bpf, s->observer_bpf_len);
+	prog.filter = insns;
+	int fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+			      SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+	free(insns);
+	if (fd < 0)
+		die("the learn mode's observer needs seccomp user notification (Linux 5.5+): %s",
+		    errname(errno));
+	char byte = 'L';
+	struct iovec iov = {&byte, 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof u);
+	struct msghdr msg;
+	memset(&msg, 0, sizeof msg);
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = u.buf;
+	msg.msg_controllen = sizeof u.buf;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	if (sendmsg(s->observer_fd, &msg, 0) != 1)
+		die("sending the observer's listener failed: %s", errname(errno));
+	close(fd);
+	close(s->observer_fd);
+	debug("observer: listener handed to the host");
 }
 
 static void close_inherited_fds(void)
@@ -1141,6 +1220,12 @@ int main(int argc, char **argv)
 		debug("verified: connect to 127.0.0.1:%u denied with EACCES", probe);
 	}
 	close(status_fd);
+
+	/* The learn mode's observer last, after the verification, so that it sees the
+	 * command's calls and none of the launcher's probes; stockade's filter is already
+	 * loaded (its ERRNO outranks USER_NOTIF whatever the order, enforce/observe.py). */
+	if (s.observer_bpf && s.observer_fd)
+		start_observer(&s);
 
 	/* (f) */
 	close_inherited_fds();

@@ -104,6 +104,10 @@ class LauncherSpec:
     hold_fd: int | None = None
     #: the directory (inside the sandbox) holding the overlay's ``upper/`` and ``work/``
     overlay_layer: str | None = None
+    #: the learn mode's observer (:mod:`stockade.enforce.observe`): an inherited unix
+    #: socket to hand the listener of ``observer_bpf`` (a user-notification filter) over
+    observer_fd: int | None = None
+    observer_bpf: bytes | None = None
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -167,6 +171,17 @@ def serialize(spec: LauncherSpec) -> bytes:
             if not name or "=" in name or "\0" in name or "\0" in text:
                 raise ValueError(f"launcher spec: environment variable {name!r} is not valid")
             out.append(rec("e", f"{name}={text}"))
+    if (spec.observer_fd is None) != (spec.observer_bpf is None):
+        raise ValueError("launcher spec: an observer needs both its fd and its program")
+    if spec.observer_fd is not None and spec.observer_bpf is not None:
+        if spec.observer_fd < 3:
+            raise ValueError(f"launcher spec: observer fd {spec.observer_fd} is not above 2")
+        n = len(spec.observer_bpf)
+        if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:
+            raise ValueError(f"launcher spec: observer program of {n} bytes is not 1..4096 insns")
+        out.append(rec("F", str(spec.observer_fd)))
+        out.append(rec("P", str(n)))
+        out.append(spec.observer_bpf)
     if spec.seccomp_bpf is not None:
         n = len(spec.seccomp_bpf)
         if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:

@@ -222,6 +222,10 @@ class NetworkPolicy:
     upstream: UpstreamPolicy | None = None
     #: never ask about a host that is not allowed (a workspace file may set it, not unset)
     strict: bool = False
+    #: a learning run (``stockade learn``): every name is allowed and recorded, its
+    #: addresses still decided as always (metadata and private addresses stay refused
+    #: unless pinned or named); never read from a file, only set by the learn mode
+    learning: bool = False
 
 
 @record

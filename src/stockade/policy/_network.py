@@ -95,6 +95,10 @@ class EgressRules:
     local: frozenset[IPAddress] | None = None
     #: the gateway's cluster addresses (None outside a gateway)
     cluster: ClusterRanges | None = None
+    #: a learning run: a name no ``deny`` entry matches is allowed (rule ``learning``)
+    #: and resolves; each of its addresses is still decided by :meth:`check_address`, so
+    #: metadata, private and this host's addresses stay refused as without learning
+    learning: bool = False
     _allow: tuple[HostPattern, ...] = field(init=False, repr=False)
     _deny: tuple[HostPattern, ...] = field(init=False, repr=False)
     _pins: dict[str, IPAddress] = field(init=False, repr=False)
@@ -144,6 +148,7 @@ class EgressRules:
             extra_allow=tuple(extra_allow),
             local=local,
             cluster=cluster,
+            learning=bool(getattr(network, "learning", False)),
         )
 
     def pin(self, host: str) -> IPAddress | None:
@@ -162,6 +167,8 @@ class EgressRules:
         for pattern in self._allow:
             if pattern.matches(host, port):
                 return Decision.allow(LAYER, rule=pattern.text)
+        if self.learning:
+            return Decision.allow(LAYER, rule="learning")
         return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
 
     def check_lookup(self, host: str) -> Decision:
@@ -179,6 +186,8 @@ class EgressRules:
                 return Decision.allow(LAYER, rule=pattern.text)
         if host in self._pins:
             return Decision.allow(LAYER, rule=f"hosts.{host}")
+        if self.learning:
+            return Decision.allow(LAYER, rule="learning")
         return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
 
     def capture_ports(self) -> tuple[int, ...]:

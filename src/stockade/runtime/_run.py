@@ -104,6 +104,9 @@ class RunRequest:
     #: an overlay workspace's existing layer (:class:`stockade.workspace.Layer`) to mount
     #: again, as the runs of one overlay Sandbox share one; None: a new one per run
     overlay_layer: Any = None
+    #: the learn mode's file observer (:class:`stockade.enforce.observe.SyscallObserver`):
+    #: the launcher hands it a seccomp listener; None: nothing is observed
+    observer: Any = None
 
 
 @record(frozen=False)
@@ -657,7 +660,13 @@ def _execute(
                 # stockade's fixed environment, and the command's rides in its spec.
                 direct = bwrap is None or not (layers.container or layers.egress)
                 prefix, launcher_fd = _launcher(
-                    policy, plan, scratch, use_pty, env=child_env if direct else None, ll=ll
+                    policy,
+                    plan,
+                    scratch,
+                    use_pty,
+                    env=child_env if direct else None,
+                    ll=ll,
+                    observer=request.observer,
                 )
                 if bwrap is not None and (layers.container or layers.egress):
                     # bwrap execs the launcher through a descriptor (its /proc/self/fd
@@ -666,6 +675,11 @@ def _execute(
                     exe_fd = os.open(prefix[0], os.O_RDONLY | os.O_CLOEXEC)
                     prefix = [f"/proc/self/fd/{exe_fd}", *prefix[1:]]
                 command = [*prefix, *command]
+            if request.observer is not None and (sandbox is not None or not use_launcher):
+                raise Unavailable(
+                    "observing files in a learning run without stockade's launcher",
+                    "learn with the bubblewrap or landlock backend and the files layer on",
+                )
             start: Any = None
             # The cgroup is made once bwrap is starting (see _Start.release): the
             # two overlap, on another core.
@@ -737,9 +751,12 @@ def _execute(
                     status_w,
                     args_fd,
                     *(start.child_fds() if start else ()),
+                    *((request.observer.child_fd,) if request.observer is not None else ()),
                 )
                 if fd >= 0
             ]
+            if request.observer is not None:
+                request.observer.start()
             try:
                 returncode, timed_out, stdout_data, stderr_data = _spawn(
                     argv,
@@ -907,6 +924,7 @@ def _launcher(
     *,
     env: Mapping[str, str] | None = None,
     ll: Any = None,
+    observer: Any = None,
 ) -> tuple[list[str], int]:
     """Build the inner launcher's spec for this run; return its argv prefix and spec fd.
     ``env``: the command's environment, carried in the spec (the launcher starts on the
@@ -919,6 +937,8 @@ def _launcher(
         spec = replace(spec, environment=tuple(env.items()))
     if ll is not None:
         spec = ll.launcher_spec(spec, scratch.path)
+    if observer is not None:
+        spec = replace(spec, observer_fd=observer.child_fd, observer_bpf=observer.program)
     return launcher.prepare(spec)
 
 
