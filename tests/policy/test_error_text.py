@@ -163,3 +163,51 @@ def test_user_policy_without_version_and_workspace_file_notes_both(home: Path) -
     assert len(policy.hints) == 2
     assert "policy.toml: no version key" in policy.hints[0]
     assert "stockade.toml: no version key" in policy.hints[1]
+
+
+def test_workspace_flag_refusal_names_the_flag_not_a_source(world: World) -> None:
+    home = world.env["HOME"]
+    proc = world.stockade("check", "--workspace", home)
+    assert proc.returncode == 125
+    assert proc.stderr == (
+        f"stockade: --workspace {home}: the workspace would be your whole home directory; "
+        "choose a project directory\n"
+    ), proc.stderr
+    proc = world.stockade("run", "--workspace", "/", "--", "true")
+    assert proc.returncode == 125
+    assert "built-in" not in proc.stderr
+    assert proc.stderr.startswith("stockade: --workspace /: the workspace would be the whole"), (
+        proc.stderr
+    )
+    # The twin: a project directory is accepted.
+    ok = world.stockade("check", "--workspace", str(world.workspace))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_default_workspace_refusal_names_the_current_directory(world: World) -> None:
+    home = Path(world.env["HOME"])
+    proc = world.stockade("check", cwd=home)
+    assert proc.returncode == 125
+    assert "built-in" not in proc.stderr
+    assert proc.stderr.startswith(
+        f"stockade: the workspace is the current directory, {home}, by default: the "
+        "workspace would be your whole home directory"
+    ), proc.stderr
+    assert "--workspace DIR" in proc.stderr
+
+
+def test_api_workspace_refusal_names_the_argument(home: Path) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy(workspace=home, workspace_name="workspace")
+    assert str(info.value) == (
+        f'workspace="{home}": the workspace would be your whole home directory; '
+        "choose a project directory"
+    )
+
+
+def test_a_policy_file_workspace_refusal_still_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('version = 1\n[filesystem]\nworkspace = "/"\n')
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert str(info.value).startswith(f'{path}:3: filesystem.workspace: "/": the workspace')
