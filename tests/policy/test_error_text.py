@@ -211,3 +211,15 @@ def test_a_policy_file_workspace_refusal_still_names_the_file(tmp_path: Path) ->
     with pytest.raises(PolicyError) as info:
         load_policy(path)
     assert str(info.value).startswith(f'{path}:3: filesystem.workspace: "/": the workspace')
+
+
+def test_locate_reads_any_text_in_one_pass() -> None:
+    # Lines a fuzzer writes (an unclosed header of blanks, a long dotted key): a
+    # backtracking pattern took minutes on these; the scan is plain string operations.
+    for text in (
+        "[" + " " * 5000 + "a",
+        "[[" + "a " * 3000,
+        "a" + " ." * 4000 + "=",
+        '"\\"' * 3000,
+    ):
+        assert locate(text, "a.b[0]") in (None, 1)

@@ -82,12 +82,10 @@ def shown(value: object) -> str:
     return text
 
 
-_HEADER = re.compile(r"^\s*(\[\[?)\s*(.+?)\s*\]\]?\s*(?:#.*)?$")
-_ASSIGN = re.compile(
-    r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
-)
 _PART = re.compile(r"""[A-Za-z0-9_-]+|"((?:[^"\\]|\\.)*)"|'([^']*)'""")
 _KEY_STEP = re.compile(r"""([A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*")((?:\[\d+\])*)""")
+#: a key as a line starts it: bare characters, quotes, dots and blanks only
+_KEY_TEXT = re.compile(r"""[A-Za-z0-9_.\-"' \t]+""")
 
 
 def _dotted(text: str) -> list[str]:
@@ -128,22 +126,29 @@ def locate(text: str, key: str) -> int | None:
     header_index: int | None = None
     seen: dict[tuple[str, ...], int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
+        # Plain string operations, no backtracking regular expression: the text is
+        # anything a person (or a fuzzer) wrote, and this runs only to word an error.
+        stripped = line.strip()
         path: list[str]
-        m = _HEADER.match(line)
-        if m and not _ASSIGN.match(line):
-            header = _dotted(m.group(2))
-            if m.group(1) == "[[":
+        key_text, equals, _ = stripped.partition("=")
+        if stripped.startswith("[") and not (equals and _KEY_TEXT.fullmatch(key_text)):
+            array = stripped.startswith("[[")
+            inner = stripped[2:] if array else stripped[1:]
+            close = inner.find("]")
+            if close < 0:
+                continue
+            header = _dotted(inner[:close])
+            if array:
                 count = seen.get(tuple(header), -1) + 1
                 seen[tuple(header)] = count
                 header_index = count
             else:
                 header_index = None
             path = header
+        elif equals and key_text and _KEY_TEXT.fullmatch(key_text):
+            path = header + _dotted(key_text)
         else:
-            a = _ASSIGN.match(line)
-            if not a:
-                continue
-            path = header + _dotted(a.group(1))
+            continue
         score = 0
         for depth, (name, index) in enumerate(wanted):
             if depth >= len(path) or path[depth] != name:
