@@ -132,23 +132,36 @@ def load_policy(
     """
     cwd = Path.cwd()
     ws_override = _resolve_arg(workspace, cwd, workspace_name) if workspace is not None else None
-    given = {"ws_name": workspace_name}
     if path is not None:
         if not _is_file(path):
             raise PolicyError(f"{path}: no such policy file; check the --policy argument")
         raw, text = _read_text(path)
         policy = _build(
-            raw, str(path), base=None, cwd=cwd, ws_override=ws_override, text=text, **given
+            raw,
+            str(path),
+            base=None,
+            cwd=cwd,
+            ws_override=ws_override,
+            text=text,
+            ws_name=workspace_name,
         )
     else:
         user = user_policy_path()
         if _is_file(user):
             raw, text = _read_text(user)
             base = _build(
-                raw, str(user), base=None, cwd=cwd, ws_override=ws_override, text=text, **given
+                raw,
+                str(user),
+                base=None,
+                cwd=cwd,
+                ws_override=ws_override,
+                text=text,
+                ws_name=workspace_name,
             )
         else:
-            base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override, **given)
+            base = _build(
+                {}, "built-in", base=None, cwd=cwd, ws_override=ws_override, ws_name=workspace_name
+            )
         # The answers given as "always": the user's level, before a workspace file (which
         # can only tighten, and never add approvals). Never with --policy (reproducible).
         base = _with_approved(base)
