@@ -125,7 +125,8 @@ class Report:
     build: dict[str, LayerBuild]
     switchable: tuple[str, ...]
     runs: list[SubsetRun] = field(default_factory=list)
-    #: layer -> added start-up milliseconds (None when the layer is not enforceable)
+    #: layer -> added start-up milliseconds, 0 when below noise (None when the layer is
+    #: not enforceable or held on)
     cost_ms: dict[str, float | None] = field(default_factory=dict)
     #: layer -> half the range of its paired differences (see :func:`layer_cost`)
     cost_spread_ms: dict[str, float | None] = field(default_factory=dict)
