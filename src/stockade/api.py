@@ -78,7 +78,9 @@ def _policy(
         loaded = add_allowed_hosts(loaded, tuple(allow_hosts))
     else:
         path = Path(os.fspath(policy)) if policy is not None else None
-        loaded = load_policy(path, workspace=ws, extra_allow=tuple(allow_hosts))
+        loaded = load_policy(
+            path, workspace=ws, extra_allow=tuple(allow_hosts), workspace_name="workspace"
+        )
     unknown = [name for name in disable if name not in LAYERS]
     if unknown:
         raise ValueError(f"unknown layer {unknown[0]!r}; layers are {', '.join(LAYERS)}")

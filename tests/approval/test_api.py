@@ -375,3 +375,38 @@ def test_a_grant_made_before_the_run_is_captured(world: World, ok_server: int) -
             ["python3", "-c", DIRECT, str(ok_server)], capture_output=True, text=True, timeout=60
         )
         assert after.stdout.strip() == "HTTP/1.0 200 OK", after.stderr
+
+
+def test_deny_after_allow_wins(world: World, ok_server: int) -> None:
+    """sb.deny(h) after sb.allow(h): deny wins (DESIGN §4: a deny wins over every allow)."""
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        sb.allow("b.test")
+        ok = sb.run(curl(ok_server, "b.test"), capture_output=True, text=True)
+        assert ok.stdout == "ok", ok.stderr  # the twin: the allow took effect
+        before = sb.generation
+        assert sb.deny("b.test") == before + 1
+        r = sb.run(curl(ok_server, "b.test"), capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "host-denied" in {d.get("reason") for d in r.denials}, r.denials
+
+
+def test_allow_after_deny_is_refused_until_revoked(world: World, ok_server: int) -> None:
+    """sb.allow(h) after sb.deny(h) would change nothing (deny wins): it raises, naming
+    the live deny and the fix, and counts no generation; after sb.revoke(h) it works."""
+    with stockade.Sandbox(policy(world), workspace=world.workspace, env=world.env) as sb:
+        sb.deny("b.test")
+        before = sb.generation
+        with pytest.raises(stockade.PolicyError) as info:
+            sb.allow(f"b.test:{ok_server}")
+        assert str(info.value) == (
+            f'"b.test:{ok_server}" is denied by the live deny "b.test"; deny wins over '
+            'allow: revoke "b.test" first (Sandbox.revoke, stockade approvals revoke)'
+        )
+        assert sb.generation == before
+        denied = sb.run(curl(ok_server, "b.test"), capture_output=True, text=True)
+        assert denied.returncode != 0
+        assert "host-denied" in {d.get("reason") for d in denied.denials}
+        sb.revoke("b.test")
+        sb.allow(f"b.test:{ok_server}")
+        ok = sb.run(curl(ok_server, "b.test"), capture_output=True, text=True)
+    assert ok.stdout == "ok", ok.stderr

@@ -141,7 +141,7 @@ def test_self_address_reason() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"allow": ("*",)}, "network.allow[0]: '*': a bare wildcard"),
+        ({"allow": ("*",)}, 'network.allow[0]: "*": a bare wildcard'),
         ({"allow": ("ok.test", "*.com")}, "network.allow[1]"),
         ({"deny": ("a.*.test",)}, "network.deny[0]"),
         ({"extra_allow": ("*",)}, "--allow-host[0]"),

@@ -95,3 +95,37 @@ def test_html_renders_and_switches_move_arrows(
     assert all_on["read-ssh-key"] != bare["read-ssh-key"]
     assert all_on["download"][0] == "target"
     assert 'class="needed' in full.stdout or "arrow needed" in full.stdout
+
+
+#: appended to a copy of the page: writes the page's and the matrix box's widths into
+#: the DOM, so that --dump-dom reports the layout at the window size given
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const m = document.querySelector('.matrix');
+  document.body.setAttribute('data-widths', [document.documentElement.scrollWidth,
+    m ? m.clientWidth : -1, m ? m.scrollWidth : -1].join(','));
+});
+</script>"""
+
+
+def test_matrix_scrolls_in_its_box_and_the_page_fits_1400px(
+    seed_report: Report, chromium: str, tmp_path: Path
+) -> None:
+    data = seed_report.to_json()
+    # The widest matrix a report can have: every subset of the seven layers (128 columns).
+    run = data["runs"][-1]
+    data["runs"] = [
+        {**run, "layers": ["files", "container", "syscalls", "egress"][: i % 5]} for i in range(128)
+    ]
+    page_html = render_html(data)
+    assert '<div class="matrix"><table>' in page_html
+    page = tmp_path / "wide.html"
+    page.write_text(page_html.replace("</body>", _MEASURE + "</body>"))
+    dom = _chrome(chromium, tmp_path, "--window-size=1400,900", "--dump-dom", page.as_uri())
+    found = re.search(r'data-widths="(-?\d+),(-?\d+),(-?\d+)"', dom.stdout)
+    assert found, dom.stderr[-2000:]
+    page_width, box, content = (int(x) for x in found.groups())
+    assert page_width <= 1400, (page_width, box, content)
+    assert box <= 1400
+    # The twin: the matrix really is wider than its box (so it scrolls, it is not cut).
+    assert content > box, (page_width, box, content)

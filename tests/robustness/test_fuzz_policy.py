@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -290,7 +291,8 @@ def _accepts_or_policy_error(text: str) -> Policy | None:
         policy = parse_policy_text(text, "fuzz.toml")
     except PolicyError as exc:
         message = str(exc)
-        assert message.startswith("fuzz.toml: "), message
+        # "fuzz.toml: " or, when the key's line is found, "fuzz.toml:LINE: "
+        assert re.match(r"fuzz\.toml(:\d+)?: ", message), message
         # One line on a terminal: no line break, no escape sequence from the policy.
         assert message.isprintable(), repr(message)
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 TYPE_CHECKING = False
@@ -37,6 +38,8 @@ def execute(args: argparse.Namespace) -> int:
         raise PolicyError(f"check: --policy {args.policy} and {args.file} name two policies")
     args.file = args.policy if args.policy is not None else args.file
     policy = load_policy(args.file, workspace=args.workspace)
+    for hint in policy.hints:
+        print(f"stockade: note: {hint}", file=sys.stderr)
     data = policy.to_dict()
     ws_policy = _workspace_policy(policy) if args.file is None else None
     narrowed = _narrowed(policy)

@@ -22,15 +22,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream-proxy", metavar="URL", help="check this upstream proxy instead (as run takes)"
     )
+    parser.add_argument(
+        "--connect-to",
+        metavar="HOST[:PORT]",
+        help="ask the upstream proxy for a tunnel to this host (port 443 unless named) "
+        "instead of the policy's first allowed host; a refusal is a failure",
+    )
 
 
-def upstream_check(policy_path: Path | None = None, url: str | None = None) -> dict[str, object]:
+def upstream_check(
+    policy_path: Path | None = None, url: str | None = None, connect_to: str | None = None
+) -> dict[str, object]:
     """The upstream proxy in force (``[network.upstream]``, ``--upstream-proxy``): which
-    one, whether it answers a CONNECT for an allowed host, and the fix when it does not."""
+    one, whether it answers a CONNECT (for ``connect_to``, else an allowed host), and the
+    fix when it does not. With no host to ask for, the proxy is still connected to: "ok"
+    always means a real connection worked."""
+    import dataclasses
     import tempfile
 
     from stockade._exceptions import PolicyError
-    from stockade.egress.upstream import PROXY_VARIABLES, probe, resolve_upstream
+    from stockade.egress.upstream import PROXY_VARIABLES, probe, reach, resolve_upstream
     from stockade.policy import load_policy
     from stockade.policy._hosts import ip_literal, parse_pattern
     from stockade.policy._load import with_upstream_proxy
@@ -49,6 +60,10 @@ def upstream_check(policy_path: Path | None = None, url: str | None = None) -> d
         if url is not None:
             policy = with_upstream_proxy(policy, url)
         upstream = resolve_upstream(policy.network.upstream)
+        if upstream is not None and url is not None:
+            # Given on the command line: say so, not the policy key it stands in for.
+            upstream = dataclasses.replace(upstream, source="--upstream-proxy")
+        target = _connect_target(connect_to) if connect_to is not None else None
     except PolicyError as exc:
         check.update(
             ok=False,
@@ -68,6 +83,18 @@ def upstream_check(policy_path: Path | None = None, url: str | None = None) -> d
         return check
     auth = f", credentials from {upstream.auth_file}" if upstream.auth_file else ""
     shown = f"{upstream.url} (from {upstream.source}, connect by {upstream.connect_by}{auth})"
+    if target is not None:
+        host, port = target
+        result = probe(upstream, host, port, None)
+        ok = result.ok and 200 <= result.status < 300
+        fix = result.fix or (
+            ""
+            if ok
+            else f"the proxy refuses a tunnel to {host}:{port}: ask its operator to allow it, "
+            "or list the host in network.upstream.no_proxy if it is reached directly"
+        )
+        check.update(ok=ok, detail=f"{shown}: {result.detail}", fix=fix)
+        return check
     for entry in policy.network.allow:
         pattern = parse_pattern(entry)
         if pattern.kind.value != "exact":
@@ -80,11 +107,33 @@ def upstream_check(policy_path: Path | None = None, url: str | None = None) -> d
         result = probe(upstream, pattern.host, port, address)
         check.update(ok=result.ok, detail=f"{shown}: {result.detail}", fix=result.fix)
         return check
-    check["detail"] = f"{shown}; no allowed host name to test a CONNECT with"
+    result = reach(upstream)
+    check.update(
+        ok=result.ok,
+        detail=f"{shown}: {result.detail}; no allowed host name to test a CONNECT with "
+        "(give --connect-to HOST)",
+        fix=result.fix,
+    )
     return check
 
 
-def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict[str, object]]:
+def _connect_target(text: str) -> tuple[str, int]:
+    """``--connect-to HOST[:PORT]`` as (normalised host, port); PolicyError when bad."""
+    from stockade._exceptions import PolicyError
+    from stockade.policy._hosts import parse_pattern
+
+    try:
+        pattern = parse_pattern(text)
+    except ValueError as exc:
+        raise PolicyError(f"--connect-to {exc}") from None
+    if pattern.kind.value not in ("exact", "address"):
+        raise PolicyError(f"--connect-to {text}: name one host, not a pattern")
+    return pattern.host, pattern.port or 443
+
+
+def checks(
+    policy_path: Path | None = None, url: str | None = None, connect_to: str | None = None
+) -> list[dict[str, object]]:
     """Run every host check; each is a dict with name, ok, detail, fix and layers."""
     from stockade.runtime import _host
 
@@ -207,7 +256,7 @@ def checks(policy_path: Path | None = None, url: str | None = None) -> list[dict
             "layers": ["limits"],
         }
     )
-    out.append(upstream_check(policy_path, url))
+    out.append(upstream_check(policy_path, url, connect_to))
     out.append(gvisor_check())
     out.append(kubernetes_check(out, policy_path, url))
     return out
@@ -551,7 +600,7 @@ def gvisor_check() -> dict[str, object]:
 def execute(args: argparse.Namespace) -> int:
     """Print the checks; exit 1 when a layer that is on by default cannot be enforced (or
     the upstream proxy in force does not work)."""
-    results = checks(args.policy, args.upstream_proxy)
+    results = checks(args.policy, args.upstream_proxy, args.connect_to)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

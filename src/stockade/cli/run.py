@@ -332,6 +332,8 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
     approval, channel = _approval(args, policy, command)
     if approval is False:
         return EXIT_STOCKADE_ERROR
+    for hint in policy.hints:
+        print(f"stockade: note: {hint}", file=sys.stderr)
     for warning in policy.warnings:
         print(f"stockade: warning: {warning}", file=sys.stderr)
     result = run(

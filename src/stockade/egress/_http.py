@@ -27,6 +27,8 @@ __all__ = [
     "parse_forward_target",
     "parse_plain_request",
     "parse_plain_response",
+    "reason_phrase",
+    "refusal_parts",
     "request_framing",
 ]
 
@@ -293,18 +295,47 @@ def request_framing(request: h11.Request | PlainRequest) -> list[tuple[bytes, by
     return []
 
 
-_REASONS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+def reason_phrase(status: int) -> str:
+    """The standard reason phrase of ``status`` (``403`` -> ``Forbidden``); every
+    refusal's status line carries one, never ``HTTP/1.1 403 `` with nothing after it."""
+    import http
+
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def refusal_parts(
+    reason: str, detail: str, *, close: bool
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of every refusal stockade writes, on every path (the forward
+    proxy, CONNECT, the inspected tunnel, the gateway): ``X-Stockade-Reason`` names the
+    reason (docs/inspect.md), the one-line body says ``stockade: REASON: DETAIL``."""
+    text = f"stockade: {reason}" + (f": {detail}" if detail else "") + "\n"
+    body = text.encode("ascii", "backslashreplace")
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-stockade-reason", str(reason).encode("ascii", "backslashreplace")),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    return headers, body
+
+
+_CANONICAL = {
+    b"content-type": "Content-Type",
+    b"content-length": "Content-Length",
+    b"x-stockade-reason": "X-Stockade-Reason",
+    b"connection": "Connection",
+}
 
 
 def error_response(status: int, reason: str, detail: str = "") -> bytes:
     """A complete short response that closes the connection: the body names the reason."""
-    text = f"stockade: {reason}" + (f": {detail}" if detail else "") + "\n"
-    body = text.encode("ascii", "backslashreplace")
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        f"X-Stockade-Reason: {reason}\r\n"
-        "Connection: close\r\n\r\n"
+    headers, body = refusal_parts(reason, detail, close=True)
+    head = f"HTTP/1.1 {status} {reason_phrase(status)}\r\n" + "".join(
+        f"{_CANONICAL[name]}: {value.decode('ascii')}\r\n" for name, value in headers
     )
-    return head.encode("ascii") + body
+    return (head + "\r\n").encode("ascii") + body

@@ -364,7 +364,7 @@ class Gateway:
                 status, body = 200, self.metrics.render().encode()
                 kind = "text/plain; version=0.0.4; charset=utf-8"
             head = (
-                f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                f"HTTP/1.1 {status} {http.reason_phrase(status)}\r\n"
                 f"Content-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n"
             )

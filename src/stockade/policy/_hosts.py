@@ -16,6 +16,7 @@ import re
 import idna
 
 from stockade._record import record
+from stockade.policy._text import toml_string
 
 __all__ = ["HostPattern", "PatternKind", "ip_literal", "normalize_host", "parse_pattern"]
 
@@ -101,7 +102,12 @@ def _ascii_name(name: str) -> str:
         if len(label) > _MAX_LABEL:
             raise ValueError(f"label longer than {_MAX_LABEL} characters")
         if not _LABEL.match(label):
-            raise ValueError(f"label {label[:20]!r} has characters not allowed in a host name")
+            raise ValueError(
+                f"label {toml_string(label[:20])} has characters not allowed in a host name"
+                if len(labels) > 1
+                # one label: it is the whole name, which the caller shows already
+                else "has characters not allowed in a host name"
+            )
         if label.startswith("xn--"):
             # An A-label must be the canonical encoding of a valid U-label, else two
             # spellings could reach one name.
@@ -109,9 +115,11 @@ def _ascii_name(name: str) -> str:
                 ulabel = idna.decode(label)
                 canonical = idna.encode(ulabel).decode("ascii")
             except (idna.IDNAError, UnicodeError):
-                raise ValueError(f"label {label[:20]!r} is not valid punycode") from None
+                raise ValueError(f"label {toml_string(label[:20])} is not valid punycode") from None
             if canonical != label:
-                raise ValueError(f"label {label[:20]!r} is not in canonical punycode form")
+                raise ValueError(
+                    f"label {toml_string(label[:20])} is not in canonical punycode form"
+                )
         out.append(label)
     return ".".join(out)
 
@@ -256,48 +264,52 @@ def _split_port(text: str) -> tuple[str, int | None]:
 
 def _port(text: str) -> int:
     if not _DECIMAL.match(text) or not 1 <= int(text) <= 65535:
-        raise ValueError(f"port {text!r} is not a number from 1 to 65535")
+        raise ValueError(f"port {toml_string(text)} is not a number from 1 to 65535")
     return int(text)
 
 
 def parse_pattern(text: str) -> HostPattern:
     """Parse one allow/deny entry: ``host``, ``*.suffix``, an IP, a CIDR, each with ``:port``.
 
-    Raises :class:`ValueError` whose message says what is wrong and how to fix it.
+    Raises :class:`ValueError` whose message starts with the entry, quoted once as TOML
+    writes it (``"x.test:0": port "0" is not ...``), then says what is wrong and the fix;
+    a caller shows the message as it is, without quoting the entry again.
     """
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str):
+        raise ValueError('expected a string such as "example.com"')
+    try:
+        return _parse_pattern(text)
+    except ValueError as exc:
+        raise ValueError(f"{toml_string(text)}: {exc}") from None
+
+
+def _parse_pattern(text: str) -> HostPattern:
+    if not text:
         raise ValueError("empty entry; write a host name such as example.com")
     if text != text.strip():
-        raise ValueError(f"{text!r}: remove the surrounding white space")
+        raise ValueError("remove the surrounding white space")
     if text in ("*", "*:*") or text.startswith("*:"):
-        raise ValueError(f"{text!r}: a bare wildcard allows every host; list the hosts")
+        raise ValueError("a bare wildcard allows every host; list the hosts")
     if "://" in text:
-        raise ValueError(f"{text!r}: write a host name, not a URL (drop the scheme)")
+        raise ValueError("write a host name, not a URL (drop the scheme)")
     host_part, port = _split_port(text)
     if "/" in host_part:
         return _parse_network(text, host_part, port)
     if "*" in host_part:
         if not host_part.startswith("*.") or "*" in host_part[2:]:
             raise ValueError(
-                f"{text!r}: only a leading '*.' wildcard is supported; "
-                "write '*.example.com' or list the hosts"
+                "only a leading '*.' wildcard is supported; write '*.example.com' or list the hosts"
             )
-        try:
-            suffix = normalize_host(host_part[2:])
-        except ValueError as exc:
-            raise ValueError(f"{text!r}: {exc}") from None
+        suffix = normalize_host(host_part[2:])
         if ip_literal(suffix) is not None:
-            raise ValueError(f"{text!r}: a wildcard cannot extend an IP address; list it")
+            raise ValueError("a wildcard cannot extend an IP address; list it")
         if "." not in suffix:
             raise ValueError(
-                f"{text!r}: a wildcard over a top-level domain allows too much; "
+                "a wildcard over a top-level domain allows too much; "
                 f"name the domain, e.g. '*.example.{suffix}'"
             )
         return HostPattern(text, PatternKind.SUFFIX, host=suffix, port=port)
-    try:
-        host = normalize_host(host_part)
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: {exc}") from None
+    host = normalize_host(host_part)
     address = ip_literal(host)
     if address is not None:
         return HostPattern(text, PatternKind.ADDRESS, host=host, port=port)
@@ -311,8 +323,8 @@ def _parse_network(text: str, host_part: str, port: int | None) -> HostPattern:
     except ValueError as exc:
         if "has host bits set" in str(exc):
             fixed = ipaddress.ip_network(inner, strict=False)
-            raise ValueError(f"{text!r}: host bits are set; write {fixed}") from None
-        raise ValueError(f"{text!r}: not a CIDR range; write e.g. 10.0.0.0/8") from None
+            raise ValueError(f"host bits are set; write {fixed}") from None
+        raise ValueError("not a CIDR range; write e.g. 10.0.0.0/8") from None
     if network.prefixlen == 0:
-        raise ValueError(f"{text!r}: a range over every address allows every host; list them")
+        raise ValueError("a range over every address allows every host; list them")
     return HostPattern(text, PatternKind.NETWORK, host=str(network), network=network, port=port)

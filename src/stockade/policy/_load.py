@@ -45,6 +45,7 @@ from stockade.policy._model import (
 from stockade.policy._presets import PRESETS, expand_presets
 from stockade.policy._schema import NAMED_TABLES, SCHEMA, TOP_LEVEL
 from stockade.policy._tables import risky_host
+from stockade.policy._text import locate, one_line, shown, toml_string
 from stockade.policy._units import parse_size
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -86,7 +87,9 @@ def read_approved(path: Path) -> list[dict[str, Any]]:
             out.append({**entry, "action": action})
     unknown = set(raw) - {"allow", "deny"}
     if unknown:
-        raise PolicyError(f"{path}: unknown table {sorted(unknown)[0]!r}; only allow and deny")
+        raise PolicyError(
+            f"{path}: unknown table [[{one_line(sorted(unknown)[0])}]]; only [[allow]] and [[deny]]"
+        )
     return out
 
 
@@ -112,6 +115,7 @@ def load_policy(
     *,
     workspace: Path | None = None,
     extra_allow: tuple[str, ...] = (),
+    workspace_name: str = "--workspace",
 ) -> Policy:
     """Find, read, validate and compose the policy for a run.
 
@@ -119,23 +123,45 @@ def load_policy(
         path: an explicit policy file (``--policy``); trusted as the user's own.
         workspace: overrides ``filesystem.workspace`` (``--workspace``).
         extra_allow: hosts added to ``network.allow`` (``--allow-host``).
+        workspace_name: how the caller spells ``workspace`` in an error about it (the
+            flag ``--workspace``, the API's ``workspace=``): such an error names that
+            and the value, never the file the rest of the policy came from.
 
     Raises:
         PolicyError: the file is missing, not TOML, or a key or value is wrong.
     """
     cwd = Path.cwd()
-    ws_override = _resolve_arg(workspace, cwd, "--workspace") if workspace is not None else None
+    ws_override = _resolve_arg(workspace, cwd, workspace_name) if workspace is not None else None
     if path is not None:
         if not _is_file(path):
             raise PolicyError(f"{path}: no such policy file; check the --policy argument")
-        raw = _read(path)
-        policy = _build(raw, str(path), base=None, cwd=cwd, ws_override=ws_override)
+        raw, text = _read_text(path)
+        policy = _build(
+            raw,
+            str(path),
+            base=None,
+            cwd=cwd,
+            ws_override=ws_override,
+            text=text,
+            ws_name=workspace_name,
+        )
     else:
         user = user_policy_path()
         if _is_file(user):
-            base = _build(_read(user), str(user), base=None, cwd=cwd, ws_override=ws_override)
+            raw, text = _read_text(user)
+            base = _build(
+                raw,
+                str(user),
+                base=None,
+                cwd=cwd,
+                ws_override=ws_override,
+                text=text,
+                ws_name=workspace_name,
+            )
         else:
-            base = _build({}, "built-in", base=None, cwd=cwd, ws_override=ws_override)
+            base = _build(
+                {}, "built-in", base=None, cwd=cwd, ws_override=ws_override, ws_name=workspace_name
+            )
         # The answers given as "always": the user's level, before a workspace file (which
         # can only tighten, and never add approvals). Never with --policy (reproducible).
         base = _with_approved(base)
@@ -149,7 +175,14 @@ def load_policy(
             raw = _parse(ws_data, ws_file)
             source = f"{ws_file} (trusted)"
             policy = _with_approved(
-                _build(raw, source, base=None, cwd=cwd, ws_override=base.filesystem.workspace)
+                _build(
+                    raw,
+                    source,
+                    base=None,
+                    cwd=cwd,
+                    ws_override=base.filesystem.workspace,
+                    text=ws_data.decode("utf-8"),
+                )
             )
         else:
             policy = _build(
@@ -158,6 +191,7 @@ def load_policy(
                 base=base,
                 cwd=cwd,
                 ws_override=base.filesystem.workspace,
+                text=ws_data.decode("utf-8"),
             )
     return add_allowed_hosts(policy, extra_allow)
 
@@ -195,6 +229,7 @@ def parse_policy_text(
         base=None,
         cwd=cwd,
         ws_override=_resolve_arg(workspace, cwd, "workspace") if workspace else None,
+        text=text,
     )
 
 
@@ -235,11 +270,16 @@ def _read_bytes_if_present(path: Path) -> bytes | None:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    return _read_text(path)[0]
+
+
+def _read_text(path: Path) -> tuple[dict[str, Any], str]:
+    """The parsed file and its text (the text gives an error its line)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
-    return _parse(data, path)
+    return _parse(data, path), data.decode("utf-8")
 
 
 def _parse(data: bytes, path: Path) -> dict[str, Any]:
@@ -281,18 +321,7 @@ def _resolve_arg(path: Path | str, base: Path, name: str) -> Path:
     try:
         return _resolve(path, base)
     except ValueError as exc:
-        raise PolicyError(f"{name}: {str(path)[:80]!r}: not a usable path ({exc})") from None
-
-
-def one_line(text: str) -> str:
-    """``text`` with every non-printable character escaped (``\\n``, ``\\x1e``, ``\\u2028``).
-
-    Values and key names from a policy end up in a one-line error on a terminal: a line
-    break would split it, an escape sequence would reach the terminal.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+        raise PolicyError(f"{name}: {shown(str(path))}: not a usable path ({exc})") from None
 
 
 class _Validator:
@@ -302,10 +331,9 @@ class _Validator:
         self.source = source
 
     def fail(self, key: str, value: object, problem: str) -> PolicyError:
-        shown = repr(value) if not isinstance(value, str) else f'"{one_line(value)}"'
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        return PolicyError(f"{self.source}: {one_line(key)}: {one_line(shown)}: {problem}")
+        # The value once, as TOML spells it (policy/_text.py); the problem after it
+        # never repeats it.
+        return PolicyError(f"{self.source}: {one_line(key)}: {shown(value)}: {problem}")
 
     def check_shape(self, raw: Mapping[str, Any]) -> None:
         for name, value in raw.items():
@@ -397,7 +425,8 @@ def _check_host_pattern(text: str, key: str, source: str) -> None:
     try:
         parse_pattern(text)
     except ValueError as exc:
-        raise PolicyError(f'{source}: {one_line(key)}: "{one_line(text)}": {exc}') from None
+        # parse_pattern's message starts with the entry, quoted: it is not quoted again.
+        raise PolicyError(f"{source}: {one_line(key)}: {exc}") from None
 
 
 def _build(
@@ -407,6 +436,53 @@ def _build(
     base: Policy | None,
     cwd: Path,
     ws_override: Path | None,
+    text: str | None = None,
+    ws_name: str | None = None,
+) -> Policy:
+    """:func:`_build_checked`, with the line of the key an error names (``FILE:LINE:``)
+    when the file's ``text`` is known, and the note for a file without ``version``."""
+    try:
+        policy = _build_checked(
+            raw, source, base=base, cwd=cwd, ws_override=ws_override, ws_name=ws_name
+        )
+    except PolicyError as exc:
+        raise _located(exc, source, text) from None
+    if text is not None and "version" not in raw:
+        # A file without the key is read as version 1 (the only version), so nothing
+        # breaks; the note asks for the line that keeps it readable when a version 2
+        # exists (docs/policy.md, "Versions").
+        path = source.removesuffix(" (trusted)")
+        hint = (
+            f"{path}: no version key; read as version 1. Add the line `version = 1` at the "
+            "top of the file"
+        )
+        policy = replace(policy, hints=(*policy.hints, hint))
+    return policy
+
+
+def _located(exc: PolicyError, source: str, text: str | None) -> PolicyError:
+    """``exc`` with ``FILE:LINE:`` in place of ``FILE:`` when the line of its key is found."""
+    message = str(exc)
+    prefix = source + ": "
+    if text is None or not message.startswith(prefix):
+        return exc
+    key = message[len(prefix) :].split(": ", 1)[0]
+    line = locate(text, key)
+    if line is None:
+        return exc
+    path = source.removesuffix(" (trusted)")
+    suffix = source[len(path) :]
+    return PolicyError(f"{path}:{line}{suffix}: {message[len(prefix) :]}")
+
+
+def _build_checked(
+    raw: Mapping[str, Any],
+    source: str,
+    *,
+    base: Policy | None,
+    cwd: Path,
+    ws_override: Path | None,
+    ws_name: str | None = None,
 ) -> Policy:
     v = _Validator(source)
     v.check_shape(raw)
@@ -479,27 +555,41 @@ def _build(
             fs = {k: val for k, val in fs.items() if k != "workspace"}
     if "workspace" in fs and not isinstance(fs["workspace"], str):
         raise v.fail("filesystem.workspace", fs["workspace"], "expected a path string")
+    given: str | None = None  # how the person gave the workspace, when they did
+
+    def ws_fail(value: str, problem: str) -> PolicyError:
+        if given is None:
+            return v.fail("filesystem.workspace", value, problem)
+        # They gave the workspace (--workspace DIR, workspace=): an error about it names
+        # what they gave, not the file (or "built-in") the rest of the policy came from.
+        if given == "cwd":
+            return PolicyError(
+                f"the workspace is the current directory, {one_line(value)}, by default: "
+                f"{problem} (cd into it, or give --workspace DIR)"
+            )
+        if given.startswith("--"):
+            return PolicyError(f"{given} {one_line(value)}: {problem}")
+        return PolicyError(f"{given}={toml_string(value)}: {problem}")
+
     if ws_override is not None and (base is None or "workspace" not in fs):
         workspace = ws_override
+        given = ws_name
     else:
         spelled = fs.get("workspace", ".")
         ws_base = base.filesystem.workspace if base is not None else cwd
+        if "workspace" not in fs and base is None:
+            given = "cwd"  # no file names it: the default, the current directory
         workspace = v.path("filesystem.workspace", spelled, ws_base)
         if _spelled(spelled, ws_base) != workspace:
             notes.append(f"filesystem.workspace: {spelled} resolves to {workspace}")
     if not os.path.isdir(workspace):
-        raise v.fail(
-            "filesystem.workspace", str(workspace), "not a directory; create it or fix the path"
-        )
+        raise ws_fail(str(workspace), "not a directory; create it or fix the path")
     if workspace == Path("/"):
-        raise v.fail(
-            "filesystem.workspace",
-            str(workspace),
-            "the workspace would be the whole system; choose a project directory",
+        raise ws_fail(
+            str(workspace), "the workspace would be the whole system; choose a project directory"
         )
     if workspace == home:
-        raise v.fail(
-            "filesystem.workspace",
+        raise ws_fail(
             str(workspace),
             "the workspace would be your whole home directory; choose a project directory",
         )
@@ -554,7 +644,7 @@ def _build(
                 raise v.fail(
                     key,
                     item,
-                    f"unknown key {sorted(extra)[0]!r}; an entry takes name and allow_secret",
+                    f"unknown key {toml_string(sorted(extra)[0])}; an entry takes name and allow_secret",
                 )
             name = item.get("name")
             if not isinstance(name, str):
@@ -834,6 +924,7 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         kubernetes=base.kubernetes,
         sources=base.sources + ws.sources,
         notes=base.notes + ws.notes,
+        hints=base.hints,
         warnings=_warnings(
             ws.network.allow if "allow" in raw.get("network", {}) else base.network.allow
         ),
@@ -930,7 +1021,8 @@ def _upstream_block(
         try:
             parse_no_proxy(entry)
         except ValueError as exc:
-            raise v.fail(f"network.upstream.no_proxy[{i}]", entry, str(exc)) from None
+            # the message starts with the entry, quoted (parse_pattern's convention)
+            raise PolicyError(f"{v.source}: network.upstream.no_proxy[{i}]: {exc}") from None
     auth_file: Path | None = None
     if "auth_file" in table:
         raw_path = table["auth_file"]

@@ -351,6 +351,10 @@ class Policy:
     notes: tuple[str, ...] = ()
     #: what the policy allows that is an open channel (DoH resolvers, tunnels, pastes)
     warnings: tuple[str, ...] = ()
+    #: advice about the files themselves (a missing ``version`` key), shown once on stderr
+    #: by ``stockade check`` and ``stockade run``; no part of the effective policy (not in
+    #: :meth:`to_dict`, so not in the digest)
+    hints: tuple[str, ...] = ()
 
     version: int = 1
 

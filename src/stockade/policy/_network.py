@@ -39,6 +39,7 @@ from stockade.policy._addresses import (
 )
 from stockade.policy._decision import Decision, Reason
 from stockade.policy._hosts import HostPattern, ip_literal, normalize_host, parse_pattern
+from stockade.policy._text import shown
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -117,18 +118,18 @@ class EgressRules:
             try:
                 key = normalize_host(name)
             except ValueError as exc:
-                raise PolicyError(f"network.hosts: {name!r}: {exc}") from None
+                raise PolicyError(f"network.hosts: {shown(name)}: {exc}") from None
             address = ip_literal(_strip_brackets(value))
             if address is None:
                 raise PolicyError(
-                    f"network.hosts.{name}: {value!r} is not an IP address; "
+                    f"network.hosts.{name}: {shown(value)}: not an IP address; "
                     "pin a name to an address such as 192.0.2.10"
                 )
             pins[key] = address
         set_(self, "_pins", pins)
         for port in self.tls_ports:
             if not isinstance(port, int) or not 1 <= port <= 65535:
-                raise PolicyError(f"network.tls_ports: {port!r} is not a port from 1 to 65535")
+                raise PolicyError(f"network.tls_ports: {shown(port)}: not a port from 1 to 65535")
 
     @classmethod
     def from_policy(

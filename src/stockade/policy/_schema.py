@@ -252,7 +252,21 @@ def reference_markdown() -> str:
         lines.append(f"[{section}]")
         for name, key in keys.items():
             lines.append(f"{name} = {key.default:<8} # {key.help}")
-    lines += ["```", ""]
+    lines += [
+        "```",
+        "",
+        "## Versions and errors",
+        "",
+        "`version = 1` is the only schema version. A file without the key is read as "
+        "version 1, and `stockade check` and `stockade run` print one note on stderr naming "
+        "the file and the line to add (`version = 1`); a later version will require it. Any "
+        "other value is an error.",
+        "",
+        "An error names the file and, when it can find it, the line "
+        "(`policy.toml:3: layers.firewall: false: unknown key; ...`), then the key path, "
+        "the value once as TOML writes it, and the fix. stockade exits 125.",
+        "",
+    ]
     for section, keys in SCHEMA.items():
         lines += [
             f"## `[{section}]`",

@@ -28,8 +28,9 @@ from typing import Any
 
 from stockade._exceptions import PolicyError
 from stockade._record import field, record, replace
-from stockade.policy._load import _check_host_pattern, one_line, parse_policy_text
+from stockade.policy._load import _check_host_pattern, parse_policy_text
 from stockade.policy._model import Policy
+from stockade.policy._text import one_line, toml_string
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -174,7 +175,7 @@ def _network(net: Mapping[str, Any], t: SrtTranslation, source: str) -> None:
     for host, text in reasons.items():
         t.notes.append(
             f"network.deniedDomainReasons.{host}: the audit log records the deny reason itself; "
-            f"the text {text!r} is not imported"
+            f"the text {toml_string(text)} is not imported"
         )
 
     if "strictAllowlist" in net and _flag(
@@ -287,7 +288,7 @@ def _filesystem(fs: Mapping[str, Any], t: SrtTranslation, source: str) -> None:
                     source,
                     key,
                     item,
-                    f"re-allows part of denyRead {root!r}; stockade's deny always wins, so "
+                    f"re-allows part of denyRead {toml_string(root)}; stockade's deny always wins, so "
                     "narrow the denyRead entry instead",
                 )
         if _relpath(item) is not None:
@@ -307,7 +308,7 @@ def _filesystem(fs: Mapping[str, Any], t: SrtTranslation, source: str) -> None:
             )
         if _relpath(path) is not None:
             t.comments.setdefault(("filesystem", "workspace"), []).append(
-                f"{key} {item!r}: inside the workspace, which is read-write already"
+                f"{key} {toml_string(item)}: inside the workspace, which is read-write already"
             )
             continue
         t.add("filesystem", "write", path, key)

@@ -13,6 +13,7 @@ import re
 
 from stockade._record import record
 from stockade.policy._hosts import ip_literal, normalize_host, parse_pattern
+from stockade.policy._text import toml_string
 
 __all__ = ["NoProxy", "parse_no_proxy", "parse_proxy_url", "redact_url"]
 
@@ -71,7 +72,7 @@ def parse_proxy_url(text: str) -> tuple[str, int]:
         if not colon:
             raise ValueError(f'name the port: "http://{authority}:PORT"')
     if not _DECIMAL.match(port_text) or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"port {port_text!r} is not a number from 1 to 65535")
+        raise ValueError(f"port {toml_string(port_text)} is not a number from 1 to 65535")
     if not host:
         raise ValueError('no host; write "http://host:port"')
     try:
@@ -142,11 +143,11 @@ def parse_no_proxy(text: str, *, convention: bool = False) -> NoProxy:
     if entry.startswith("["):
         end = entry.find("]")
         if end < 0:
-            raise ValueError(f"{text!r}: unbalanced '['")
+            raise ValueError(f"{toml_string(text)}: unbalanced '['")
         host_part, rest = entry[1:end], entry[end + 1 :]
         if rest:
             if not rest.startswith(":"):
-                raise ValueError(f"{text!r}: text after ']' must be ':PORT'")
+                raise ValueError(f"{toml_string(text)}: text after ']' must be ':PORT'")
             port = _port(rest[1:], text)
     elif entry.count(":") == 1:
         host_part, port_text = entry.split(":")
@@ -155,13 +156,15 @@ def parse_no_proxy(text: str, *, convention: bool = False) -> NoProxy:
         try:
             network = ipaddress.ip_network(host_part, strict=False)
         except ValueError:
-            raise ValueError(f"{text!r}: not a CIDR range; write e.g. 10.0.0.0/8") from None
+            raise ValueError(
+                f"{toml_string(text)}: not a CIDR range; write e.g. 10.0.0.0/8"
+            ) from None
         return NoProxy(text, network=network, port=port)
     host_part = host_part.removeprefix("*").removeprefix(".")
     try:
         name = normalize_host(host_part)
     except ValueError as exc:
-        raise ValueError(f"{text!r}: {exc}") from None
+        raise ValueError(f"{toml_string(text)}: {exc}") from None
     literal = ip_literal(name)
     if literal is not None:
         return NoProxy(text, network=ipaddress.ip_network(literal), port=port)
@@ -172,5 +175,7 @@ def parse_no_proxy(text: str, *, convention: bool = False) -> NoProxy:
 
 def _port(text: str, entry: str) -> int:
     if not _DECIMAL.match(text) or not 1 <= int(text) <= 65535:
-        raise ValueError(f"{entry!r}: port {text!r} is not a number from 1 to 65535")
+        raise ValueError(
+            f"{toml_string(entry)}: port {toml_string(text)} is not a number from 1 to 65535"
+        )
     return int(text)

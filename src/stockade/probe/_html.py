@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stockade.probe._terminal import backend_summary
+from stockade.probe._terminal import backend_summary, cost_text
 
 _TEMPLATE = Path(__file__).with_name("report.html")
 
@@ -42,7 +42,12 @@ def _table(report: dict[str, Any]) -> str:
             got, model = r[key]["measured"], r[key]["model"]
             counts.append(f"<td>{got}{'' if got == model else f' ≠ model {model}'}</td>")
         rows.append(f'<tr><td class="l" colspan="2">{label}</td>{"".join(counts)}</tr>')
-    return f"<table><tr><th>action</th><th></th>{head}</tr>{''.join(rows)}</table>"
+    # The matrix has a column per subset of layers (up to 2^7): it scrolls inside its own
+    # box, with the action names held at the left, rather than widening the page.
+    return (
+        '<div class="matrix"><table>'
+        f"<tr><th>action</th><th></th>{head}</tr>{''.join(rows)}</table></div>"
+    )
 
 
 def _build(report: dict[str, Any]) -> str:
@@ -50,8 +55,12 @@ def _build(report: dict[str, Any]) -> str:
     backend = report.get("backend", "bubblewrap")
     fixed = report.get("fixed_why") or {}
     for layer, info in report["build"].items():
-        cost = report["cost_ms"]["per_layer"].get(layer)
-        cost_text = "" if cost is None else f"{cost:+.1f} ms"
+        shown = html.escape(
+            cost_text(
+                report["cost_ms"]["per_layer"].get(layer),
+                report["cost_ms"].get("per_layer_spread", {}).get(layer),
+            )
+        )
         state = "enforced" if info["enforceable"] else "not enforceable in this build"
         detail = html.escape(info["detail"])
         if layer in fixed:
@@ -61,7 +70,7 @@ def _build(report: dict[str, Any]) -> str:
             # The runtime's cost beside what only the runtime's own kernel stops.
             detail += f'<br><span class="runtime">{html.escape(backend_summary(report))}</span>'
         rows.append(
-            f'<tr><td class="l">{layer}</td><td class="l">{state}</td><td>{cost_text}</td>'
+            f'<tr><td class="l">{layer}</td><td class="l">{state}</td><td>{shown}</td>'
             f'<td class="l">{detail}</td></tr>'
         )
     return (

@@ -125,8 +125,11 @@ class Report:
     build: dict[str, LayerBuild]
     switchable: tuple[str, ...]
     runs: list[SubsetRun] = field(default_factory=list)
-    #: layer -> added start-up milliseconds (None when the layer is not enforceable)
+    #: layer -> added start-up milliseconds, 0 when below noise (None when the layer is
+    #: not enforceable or held on)
     cost_ms: dict[str, float | None] = field(default_factory=dict)
+    #: layer -> half the range of its paired differences (see :func:`layer_cost`)
+    cost_spread_ms: dict[str, float | None] = field(default_factory=dict)
     baseline_ms: float = 0.0
     all_on_ms: float = 0.0
     #: the container's runtime every run used (``bubblewrap`` or ``gvisor``)
@@ -229,6 +232,9 @@ class Report:
                 "all_on": round(self.all_on_ms, 2),
                 "per_layer": {
                     k: (None if v is None else round(v, 2)) for k, v in self.cost_ms.items()
+                },
+                "per_layer_spread": {
+                    k: (None if v is None else round(v, 2)) for k, v in self.cost_spread_ms.items()
                 },
                 "backends": {
                     k: (None if v is None else round(v, 2)) for k, v in self.backend_ms.items()
@@ -547,35 +553,64 @@ def _run_subset(
     return SubsetRun(layers, tuple(cells), needed, code, seconds)
 
 
+def layer_cost(with_layer: Sequence[float], without: Sequence[float]) -> tuple[float, float]:
+    """(cost, spread) in the samples' unit: what one layer adds, from paired samples.
+
+    Sample ``i`` of each list was taken in the same turn (every layer on, then all but
+    this one), so the machine's drift between turns cancels in each difference. The
+    cost is the median of the differences, the spread half their range. A difference
+    that is not above its spread is noise, not a cost: the cost is then 0 (so a layer
+    is never shown as making a command faster, which the old "median with minus
+    median without" did whenever the second set happened to run on a busier moment).
+    """
+    diffs = [a - b for a, b in zip(with_layer, without, strict=True)]
+    if not diffs:
+        return 0.0, 0.0
+    cost = statistics.median(diffs)
+    spread = (max(diffs) - min(diffs)) / 2
+    return (cost if cost > spread else 0.0), spread
+
+
 def _measure_cost(
     w: World,
     scenario: scenarios.Scenario,
     layers: tuple[str, ...],
     repeat: int,
     fixed: tuple[str, ...] = (),
-) -> tuple[float, float, dict[str, float | None]]:
-    """(bare, every layer on, each layer's share) in milliseconds of ``true``.
+) -> tuple[float, float, dict[str, float | None], dict[str, float | None]]:
+    """(bare, every layer on, each layer's share, each share's spread) in milliseconds
+    of ``true``; the share is :func:`layer_cost` of runs in turns.
 
     A fixed layer cannot be taken out, so its share is None: under gvisor the
     container's cost is the runtime's, which :func:`_backend_cost` measures.
     """
     env = w.caller_env(scenario.env)
 
-    def mean_ms(active: Sequence[str], policy: Policy = scenario.policy) -> float:
-        times = [_run(w, policy, env, ["true"], active)[2] for _ in range(repeat)]
-        return statistics.median(times) * 1000
+    def once_ms(active: Sequence[str], policy: Policy = scenario.policy) -> float:
+        return _run(w, policy, env, ["true"], active)[2] * 1000
 
-    mean_ms(layers)  # warm caches (launcher build, page cache) before timing
+    once_ms(layers)  # warm caches (launcher build, page cache) before timing
     # No layer at all: no container, so no runtime either (gvisor would refuse it).
-    baseline = mean_ms((), on_backend(scenario, "bubblewrap").policy)
-    all_on = mean_ms(layers)
+    bare_policy = on_backend(scenario, "bubblewrap").policy
+    baseline = statistics.median(once_ms((), bare_policy) for _ in range(repeat))
+    on_samples: list[float] = []
     cost: dict[str, float | None] = {}
+    spread: dict[str, float | None] = {}
     for layer in LAYERS:
         if layer in layers and layer not in fixed:
-            cost[layer] = all_on - mean_ms([x for x in layers if x != layer])
+            with_layer: list[float] = []
+            without: list[float] = []
+            for _ in range(repeat):
+                # In turns: each pair sees the machine in the same state.
+                with_layer.append(once_ms(layers))
+                without.append(once_ms([x for x in layers if x != layer]))
+            on_samples += with_layer
+            cost[layer], spread[layer] = layer_cost(with_layer, without)
         else:
-            cost[layer] = None
-    return baseline, all_on, cost
+            cost[layer] = spread[layer] = None
+    if not on_samples:
+        on_samples = [once_ms(layers) for _ in range(repeat)]
+    return baseline, statistics.median(on_samples), cost, spread
 
 
 def _backend_cost(
@@ -671,8 +706,11 @@ def probe(
                 )
         enforceable = tuple(lay for lay in LAYERS if build[lay].enforceable)
         if cost_repeat > 0:
-            report.baseline_ms, report.all_on_ms, report.cost_ms = _measure_cost(
-                w, first, enforceable, cost_repeat, fixed
-            )
+            (
+                report.baseline_ms,
+                report.all_on_ms,
+                report.cost_ms,
+                report.cost_spread_ms,
+            ) = _measure_cost(w, first, enforceable, cost_repeat, fixed)
             report.backend_ms = _backend_cost(w, first, enforceable, cost_repeat, runsc is not None)
     return report

@@ -16,6 +16,16 @@ _ABBREV = {
 }
 
 
+def cost_text(cost: float | None, spread: float | None, unit: str = "ms") -> str:
+    """A layer's cost as the report shows it: ``+3.2 ± 0.4 ms``, ``below noise (± 1.1
+    ms)``, or ``""`` when it was not measured."""
+    if cost is None:
+        return ""
+    if cost <= 0:
+        return "below noise" + (f" (± {spread:.1f} {unit})" if spread else "")
+    return f"+{cost:.1f} ± {spread or 0:.1f} {unit}"
+
+
 def use_colour(stream: IO[str]) -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
     return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
@@ -83,12 +93,15 @@ def render(report: dict[str, Any], *, colour: bool = False) -> str:
             if info["enforceable"]
             else paint("not enforceable in this build", "33")
         )
-        cost = report["cost_ms"]["per_layer"].get(layer)
-        cost_text = f"  {cost:+.1f} ms/command" if cost is not None else ""
+        shown = cost_text(
+            report["cost_ms"]["per_layer"].get(layer),
+            report["cost_ms"].get("per_layer_spread", {}).get(layer),
+        )
+        shown = f"  {shown} per command" if shown else ""
         switch = " (switched)" if layer in report["measured_layers"] else ""
         if layer in fixed:
             switch = f" (always on under {backend})"
-        lines.append(f"  {_ABBREV[layer]} {layer:<10} {mark}{switch}{cost_text}")
+        lines.append(f"  {_ABBREV[layer]} {layer:<10} {mark}{switch}{shown}")
         lines.append(f"      {info['detail']}")
         if layer in fixed:
             lines.append(f"      {fixed[layer]}")

@@ -42,6 +42,7 @@ from stockade.egress.approval._types import (
 )
 from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import HostPattern, PatternKind, ip_literal, parse_pattern
+from stockade.policy._text import toml_string
 
 __all__ = ["ApprovalBroker", "Asker", "RuleSet", "RunGate"]
 
@@ -181,17 +182,19 @@ class _Waiting:
 
 def _validate_live_allow(pattern: HostPattern, text: str) -> None:
     if pattern.kind is PatternKind.NETWORK:
-        raise PolicyError(f"{text!r}: a live allow names hosts or one public address, not a range")
+        raise PolicyError(
+            f"{toml_string(text)}: a live allow names hosts or one public address, not a range"
+        )
     if pattern.kind is PatternKind.ADDRESS:
         address = ip_literal(pattern.host)
         if address is None or classify(address) is not AddressClass.PUBLIC:
             raise PolicyError(
-                f"{text!r}: a live change cannot open a non-public address; "
+                f"{toml_string(text)}: a live change cannot open a non-public address; "
                 "name it in the policy file instead"
             )
     if pattern.kind is PatternKind.SUFFIX and pattern.host.count(".") < 1:
         raise PolicyError(
-            f"{text!r}: a wildcard over a whole top-level domain is too wide; name the host"
+            f"{toml_string(text)}: a wildcard over a whole top-level domain is too wide; name the host"
         )
 
 
@@ -321,9 +324,23 @@ class ApprovalBroker:
             decision = self.base.check_name(pattern.host, pattern.port or 443)
             if decision.reason is Reason.HOST_DENIED:
                 raise PolicyError(
-                    f"{text!r} is denied by network.deny entry {decision.rule!r}; "
+                    f"{toml_string(text)} is denied by network.deny entry "
+                    f"{toml_string(decision.rule)}; "
                     "a live change cannot lift a deny of the loaded policy"
                 )
+            # Deny wins over allow, live entries too (DESIGN §4, docs/api.md): an allow
+            # that a live deny covers would change nothing, so it is refused rather than
+            # counted as a new generation; revoke() lifts the deny first.
+            with self._lock:
+                live = [g.pattern for g in self._grants if g.action == "deny"]
+            for entry in live:
+                if _parse(entry).matches(pattern.host, pattern.port or 443):
+                    raise PolicyError(
+                        f"{toml_string(text)} is denied by the live deny "
+                        f"{toml_string(entry)}; deny wins over allow: revoke "
+                        f"{toml_string(entry)} first (Sandbox.revoke, stockade approvals "
+                        "revoke)"
+                    )
         return pattern
 
     def update(
@@ -427,7 +444,8 @@ def _parse(text: str) -> HostPattern:
     try:
         return parse_pattern(text)
     except ValueError as exc:
-        raise PolicyError(f"{text!r}: {exc}") from None
+        # parse_pattern's message starts with the entry, quoted once
+        raise PolicyError(str(exc)) from None
 
 
 def _covers(revoked: HostPattern, grant: Grant) -> bool:

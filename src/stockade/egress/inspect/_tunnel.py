@@ -29,6 +29,7 @@ from typing import Any
 import h11
 
 from stockade.audit._sink import AuditCallback, AuditSink, as_sink
+from stockade.egress import _http
 from stockade.egress._rules import parse_address
 from stockade.egress.inspect._ca import CertificateAuthority
 from stockade.egress.inspect._content import ContentScanner, Detected
@@ -684,18 +685,15 @@ class InspectingTunnel:
         if drain and client.their_state is h11.SEND_BODY:
             keep = await self._drain(client, stream)
         if client.our_state is h11.SEND_RESPONSE:
-            body = f"stockade: {refusal.reason}: {refusal.detail}\n".encode("utf-8", "replace")
-            headers = [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-stockade-reason", str(refusal.reason).encode()),
-            ]
-            if not keep:
-                headers.append((b"connection", b"close"))
+            # The one refusal writer's parts (egress/_http.py), with its reason phrase.
+            headers, body = _http.refusal_parts(refusal.reason, refusal.detail, close=not keep)
+            response = h11.Response(
+                status_code=refusal.status,
+                headers=headers,
+                reason=_http.reason_phrase(refusal.status).encode(),
+            )
             try:
-                await _send(
-                    client, stream, h11.Response(status_code=refusal.status, headers=headers)
-                )
+                await _send(client, stream, response)
                 await _send(client, stream, h11.Data(data=body))
                 await _send(client, stream, h11.EndOfMessage())
             except (OSError, ssl.SSLError, h11.ProtocolError):

@@ -19,6 +19,7 @@ from stockade.egress.upstream._config import Upstream as Upstream
 from stockade.egress.upstream._config import read_auth_file as read_auth_file
 from stockade.egress.upstream._config import resolve_upstream as resolve_upstream
 from stockade.egress.upstream._probe import probe as probe
+from stockade.egress.upstream._probe import reach as reach
 from stockade.egress.upstream._transport import UNRESOLVED as UNRESOLVED
 from stockade.egress.upstream._transport import Route as Route
 from stockade.egress.upstream._transport import Transport as Transport
@@ -38,6 +39,7 @@ __all__ = [
     "answer_status",
     "dial",
     "probe",
+    "reach",
     "read_auth_file",
     "resolve_upstream",
 ]

@@ -79,3 +79,24 @@ def probe(
             "the proxy did not answer with HTTP: check that the URL names an HTTP proxy",
         )
     return ProbeResult(True, f"{upstream.url} answers CONNECT {where} with {status}", "", status)
+
+
+def reach(upstream: Upstream, *, timeout: float = 5.0) -> ProbeResult:
+    """Open a TCP connection to ``upstream`` and close it: whether the proxy is there,
+    for when there is no host to ask a CONNECT for (a real connection, never a guess)."""
+    transport = Transport(upstream, connect_timeout=timeout, reply_timeout=timeout)
+
+    async def ask() -> None:
+        sock = await transport._reach(upstream)
+        sock.close()
+
+    try:
+        asyncio.run(ask())
+    except UpstreamUnreachable as exc:
+        return ProbeResult(
+            False,
+            str(exc),
+            f"check that {upstream.source} names the proxy's host and port, and that the "
+            "proxy runs and is reachable from this host",
+        )
+    return ProbeResult(True, f"{upstream.url} accepts connections")
