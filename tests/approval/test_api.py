@@ -141,16 +141,38 @@ def test_async_approver_runs_on_the_callers_loop(world: World, ok_server: int) -
         stockade.run(["true"], ask=approver, workspace=world.workspace, env=world.env)
 
 
+#: a command that fetches b.test ten times a second, each result as a line on stdout and in
+#: progress.log (the test paces itself on that file), until a file named stop appears
 LOOP = """
-import sys, time, urllib.request
-for i in range(200):
+import os, sys, time, urllib.request
+log = open("progress.log", "a", buffering=1)
+for i in range(1200):
     try:
         body = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
-        print(i, "ok", flush=True)
+        line = f"{i} ok"
     except Exception as exc:
-        print(i, "err", type(exc).__name__, getattr(exc, "code", ""), flush=True)
+        line = f"{i} err {type(exc).__name__} {getattr(exc, 'code', '')}"
+    print(line, flush=True)
+    log.write(line + "\\n")
+    if os.path.exists("stop"):
+        break
     time.sleep(0.1)
 """
+
+
+def wait_for_states(progress: Path, want: list[str], timeout: float = 60) -> None:
+    """Wait until the states a loop wrote to ``progress`` contain ``want`` in order (a
+    subsequence): the test moves on when the command has really reached a phase, not
+    after a sleep that a loaded machine outruns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = progress.read_text() if progress.exists() else ""
+        states = [ln.split()[1] for ln in text.splitlines() if len(ln.split()) > 1]
+        it = iter(states)
+        if all(w in it for w in want):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the command never reached {want}: {progress.read_text()!r}")
 
 
 def test_live_allow_and_revoke(world: World, ok_server: int) -> None:
@@ -170,13 +192,15 @@ def test_live_allow_and_revoke(world: World, ok_server: int) -> None:
             )
             out.append(r.stdout)
 
+        progress = world.workspace / "progress.log"
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(2.0)
+        wait_for_states(progress, ["err"])
         sb.allow("b.test")
-        time.sleep(2.0)
+        wait_for_states(progress, ["err", "ok"])
         sb.revoke("b.test")
-        time.sleep(2.0)
+        wait_for_states(progress, ["err", "ok", "err"])
+        (world.workspace / "stop").touch()
         t.join(90)
     lines = out[0].splitlines()
     states = [line.split()[1] for line in lines]
@@ -189,16 +213,22 @@ def test_live_allow_and_revoke(world: World, ok_server: int) -> None:
 #: a client that ignores the proxy variables: it resolves the name itself (stockade's
 #: resolver) and connects straight to the address it got (transparent capture)
 DIRECT_LOOP = """
-import socket, sys, time
+import os, socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
-for i in range(50):
+log = open("progress.log", "a", buffering=1)
+for i in range(600):
     try:
         with socket.create_connection((host, port), timeout=3) as s:
             s.sendall(f"GET / HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n".encode())
             head = s.recv(64)
-        print(i, "ok" if head.split(b" ")[1:2] == [b"200"] else "err", head[:20], flush=True)
+        line = f"{i} {'ok' if head.split(b' ')[1:2] == [b'200'] else 'err'} {head[:20]!r}"
     except OSError as exc:
-        print(i, "err", type(exc).__name__, flush=True)
+        line = f"{i} err {type(exc).__name__}"
+    print(line, flush=True)
+    log.write(line + "\\n")
+    # Done once the grant has been seen working (the test asserts the last line is ok).
+    if line.split()[1] == "ok":
+        break
     time.sleep(0.1)
 """
 
@@ -225,7 +255,7 @@ def test_a_port_allowed_live_is_captured_for_a_client_that_ignores_the_proxy(
 
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(2.0)
+        wait_for_states(world.workspace / "progress.log", ["err"])
         sb.allow(f"b.test:{ok_server}")
         t.join(90)
     (r,) = out
@@ -249,6 +279,7 @@ def test_revoke_closes_an_open_tunnel(world: World, tls_echo: int) -> None:
         "s = socket.create_connection(('127.0.0.1', 3128))\n"
         f"s.sendall(b'CONNECT b.test:{tls_echo} HTTP/1.1\\r\\nHost: b.test\\r\\n\\r\\n')\n"
         "print(s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)\n"
+        "open('tunnel-open', 'w').close()\n"
         "s.settimeout(30)\n"
         "print('closed' if s.recv(100) == b'' else 'data', flush=True)\n"
     )
@@ -257,11 +288,20 @@ def test_revoke_closes_an_open_tunnel(world: World, tls_echo: int) -> None:
         out: list[stockade.CompletedRun] = []
         t = threading.Thread(
             target=lambda: out.append(
-                sb.run(["python3", "-c", code], capture_output=True, text=True, timeout=60)
+                sb.run(
+                    ["python3", "-c", code],
+                    cwd=world.workspace,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
             )
         )
         t.start()
-        time.sleep(2.0)
+        # Revoke once the tunnel is open (the command says so in the workspace).
+        deadline = time.monotonic() + 60
+        while not (world.workspace / "tunnel-open").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         sb.revoke("b.test", close=True)
         t.join(60)
     r = out[0]
