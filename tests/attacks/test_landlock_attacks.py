@@ -37,11 +37,13 @@ from stockade.runtime import _host
 from tests.attacks.conftest import Arena
 from tests.attacks.landlock_cases import (
     CASES,
+    DOCS_LAYOUT,
     LIMITS,
     MAY_END_THE_RUN,
     Case,
     Layout,
     Seen,
+    docs_boundary,
     probe,
     verdict,
 )
@@ -243,6 +245,9 @@ def ran(request: pytest.FixtureRequest) -> Iterator[Ran]:
 def test_case_outcome_is_the_models(ran: Ran, case: Case) -> None:
     action = case.action(ran.layout)
     expected, says = verdict(ran.boundary, action)
+    # the docs' table (computed for another layout) says the same of this case
+    docs = docs_boundary("landlock", cgroup=ran.boundary.cgroup)
+    assert verdict(docs, case.action(DOCS_LAYOUT)) == (expected, says)
     line = ran.lines.get(case.id)
     if line is None and case.id in MAY_END_THE_RUN:
         got = False  # the run was ended (its cgroup's OOM killer): stopped

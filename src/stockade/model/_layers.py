@@ -57,7 +57,7 @@ syscalls   the same seccomp filter
 egress     Landlock's TCP connect rule (the proxy's port only) and seccomp (inet
            sockets are TCP alone): a direct connection or a UDP DNS query is refused;
            abstract unix sockets are the host's (only Landlock's scope, files, stops
-           them)
+           them); its Landlock domain brings the ptrace restriction too
 limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every process):
            the pids cap holds only in a cgroup (``cgroup``: one can be made here)
 =========  ====================================================================
@@ -416,6 +416,10 @@ class Boundary:
             return Reason.UNSUPPORTED_PROTOCOL
         if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return self.host_decision(action.host, action.port, action.address)
+        if kind is Kind.PROCESS_READ and self.no_namespaces and action.target in PTRACE_READ_FILES:
+            # Under landlock the network rule is a Landlock domain of its own (the files
+            # layer off, / granted whole), and every domain brings the ptrace restriction.
+            return Reason.PROCESS_CONTAINED
         if kind is Kind.DNS_LOOKUP:
             # The sandbox has no resolver; the proxy resolves only names it may connect to.
             allowed = self.host_decision(action.host, action.port or 443) is None
