@@ -50,7 +50,7 @@ from tests.attacks.landlock_cases import (
 from tests.conftest import NOBODY, nobody_command, require
 from tests.runtime.test_landlock_backend import _RESTRICT, _python_for
 
-_IPC_CREAT, _IPC_RMID = 0o1000, 0
+_IPC_CREAT, _IPC_EXCL, _IPC_RMID = 0o1000, 0o2000, 0
 
 
 class LandlockArena(Arena):
@@ -69,7 +69,7 @@ class LandlockArena(Arena):
         self._closers.append(self.udp.close)
         libc = ctypes.CDLL(None, use_errno=True)
         self.shm_key = int.from_bytes(os.urandom(3), "big") + 1
-        self.shm_id = libc.shmget(self.shm_key, 4096, _IPC_CREAT | 0o666)
+        self.shm_id = libc.shmget(self.shm_key, 4096, _IPC_CREAT | _IPC_EXCL | 0o666)
         assert self.shm_id >= 0, ctypes.get_errno()
         self._closers.append(lambda: libc.shmctl(self.shm_id, _IPC_RMID, None))
         self.python = _python_for(who)
@@ -116,6 +116,7 @@ class LandlockArena(Arena):
             env={"SECRET": self.canary, "PATH": "/usr/bin:/bin"},
         )
         self._closers.append(proc.kill)
+        self._closers.append(proc.wait)
         return proc
 
     def stockade(
@@ -206,6 +207,24 @@ class Ran:
     stderr: str
 
 
+def _settled(arena: LandlockArena) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What the sinks logged, once they have logged nothing new for half a second (a
+    sink logs a connection when its peer has closed it, which may trail the run)."""
+    recs = (arena.rec_unix, arena.rec_tcp, arena.evil.rec, arena.allowed.rec)
+    logs: list[list[str]] = [[], [], [], []]
+    deadline = time.monotonic() + 10
+    datagrams = -1
+    while True:
+        new = [rec.take() for rec in recs]
+        for log, more in zip(logs, new, strict=True):
+            log.extend(more)
+        if (not any(new) and len(arena.udp_log) == datagrams) or time.monotonic() > deadline:
+            break
+        datagrams = len(arena.udp_log)
+        time.sleep(0.5)
+    return logs[0], logs[1], logs[2], logs[3]
+
+
 @pytest.fixture(scope="module", params=["root", "nobody"])
 def ran(request: pytest.FixtureRequest) -> Iterator[Ran]:
     who: str = request.param
@@ -218,13 +237,13 @@ def ran(request: pytest.FixtureRequest) -> Iterator[Ran]:
         layout = arena.layout()
         cfg = dict(layout.config(), order=[c.id for c in CASES])
         result = arena.run("python3", "-c", probe(), json.dumps(cfg), timeout=180)
-        time.sleep(0.3)  # the sinks' last connections
+        unix, tcp, evil, allowed = _settled(arena)
         seen = Seen(
-            unix=arena.rec_unix.take(),
-            tcp=arena.rec_tcp.take(),
+            unix=unix,
+            tcp=tcp,
             udp=list(arena.udp_log),
-            evil=arena.evil.rec.take(),
-            allowed=arena.allowed.rec.take(),
+            evil=evil,
+            allowed=allowed,
             survivors=arena.survivors(),
             sibling_alive=arena.sibling.poll() is None,
         )
