@@ -9,8 +9,10 @@ from stockade.model import Kind
 from tests.attacks.landlock_cases import (
     BEGIN,
     CASES,
+    CATALOGUE,
     DOCS_LAYOUT,
     END,
+    NOT_COVERED,
     docs_boundary,
     table,
     verdict,
@@ -44,3 +46,12 @@ def test_every_twin_gets_through_and_every_attack_is_held_somewhere() -> None:
         elif through_bw:
             assert action.kind is Kind.HOST_KERNEL, case.id
             assert not verdict(bw.with_backend("gvisor"), action)[0], case.id
+
+
+def test_every_catalogue_case_is_run_or_listed_with_its_reason() -> None:
+    run = {case.attack for case in CASES} - {"twin"}
+    assert run <= set(CATALOGUE)
+    assert set(NOT_COVERED) <= set(CATALOGUE)
+    assert not run & set(NOT_COVERED)
+    assert sorted(run | set(NOT_COVERED)) == sorted(CATALOGUE)
+    assert len(CATALOGUE) == len(set(CATALOGUE)) == 65
