@@ -6,7 +6,9 @@ temporary workspace, and runs the package's unittest suite ``ROUNDS`` times dire
 ``ROUNDS`` times under ``stockade run`` with every layer on, interleaved. When a runsc is
 installed (scripts/setup --gvisor), a third series runs it under ``stockade run --backend
 gvisor`` in the same turns (no target: docs/gvisor.md reports what that boundary costs),
-and one under ``--backend landlock`` (no namespaces; docs/security-model.md).
+and one under ``--backend landlock`` (no namespaces; docs/security-model.md), whose ratio
+is given against bare and against bubblewrap (no target: it is the fallback where
+bubblewrap cannot run).
 Each sandboxed series also records the peak memory of the sandbox: the summed RSS of every
 process under ``stockade run`` (bubblewrap, or runsc, its Sentry and gofer, with the test
 suite in them), sampled every 50 ms (shared pages counted once per process). The last line
@@ -144,11 +146,13 @@ def main() -> int:
         boxed_kib: list[int] = []
         gvisor_kib: list[int] = []
         landlock: list[float] = []
+        landlock_kib: list[int] = []
         run = [stockade, "run", "--workspace", str(ws)]
         for _ in range(ROUNDS):
             bare.append(timed(suite, src, env))
             boxed.append(timed([*run, "--", *suite], src, env, boxed_kib))
-            landlock.append(timed([*run, "--backend", "landlock", "--", *suite], src, env))
+            argv = [*run, "--backend", "landlock", "--", *suite]
+            landlock.append(timed(argv, src, env, landlock_kib))
             if runsc is not None:
                 gvisor_env = dict(env, STOCKADE_RUNSC=runsc)
                 argv = [*run, "--backend", "gvisor", "--", *suite]
@@ -163,6 +167,8 @@ def main() -> int:
         "sandbox_peak_mib": round(max(boxed_kib) / 1024, 1),
         "landlock_s": _mean(landlock),
         "landlock_slowdown": round(statistics.fmean(landlock) / statistics.fmean(bare), 3),
+        "landlock_vs_bubblewrap": round(statistics.fmean(landlock) / statistics.fmean(boxed), 3),
+        "landlock_sandbox_peak_mib": round(max(landlock_kib) / 1024, 1),
         "gvisor_s": _mean(gvisor) if gvisor else None,
         "gvisor_slowdown": (
             round(statistics.fmean(gvisor) / statistics.fmean(bare), 3) if gvisor else None
@@ -178,7 +184,8 @@ def main() -> int:
     )
     print(
         f"  under stockade --backend landlock {result['landlock_s']} s"
-        f" ({result['landlock_slowdown']}x bare)"
+        f" ({result['landlock_slowdown']}x bare, {result['landlock_vs_bubblewrap']}x bubblewrap,"
+        f" sandbox peak {result['landlock_sandbox_peak_mib']} MiB)"
     )
     if gvisor:
         print(

@@ -12,6 +12,10 @@ from pathlib import Path
 
 from stockade import _roots
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from stockade.model import Action
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``doctor``."""
@@ -266,8 +270,6 @@ def checks(
 LANDLOCK_UNMODELLED: tuple[str, ...] = (
     "a server on another host listening on the proxy's port (random per run): "
     "Landlock's connect rule names a port, not an address",
-    "host processes are visible (ps, /proc/PID/cmdline); only signalling them is refused "
-    "(Landlock scopes, ABI 6)",
     "named host unix sockets (docker.sock, D-Bus, nscd, systemd-resolved) are reachable: "
     "Landlock does not cover connect() on a unix socket",
     "nothing new can be made directly in the workspace's top directory or in .git "
@@ -277,6 +279,37 @@ LANDLOCK_UNMODELLED: tuple[str, ...] = (
     "no pids cap unless a cgroup can be made (see the limits check): RLIMIT_NPROC would "
     "count every process of the user",
 )
+
+
+def _host_actions() -> tuple[Action, ...]:
+    """Model actions on the host's processes, IPC and /dev/shm (the attack suite's)."""
+    from stockade.model import Action, Kind
+
+    return (
+        Action(
+            "host-process",
+            Kind.PROCESS_READ,
+            "cmdline",
+            False,
+            "host processes are visible (ps, /proc/PID/cmdline); signalling them is refused "
+            "(Landlock scopes, ABI 6), their environment and memory too (ptrace restriction)",
+        ),
+        Action(
+            "host-ipc",
+            Kind.HOST_IPC,
+            "sysv_shm",
+            False,
+            "the host's System V IPC objects (shared memory, queues, semaphores) are reachable",
+        ),
+        Action(
+            "host-dev-shm",
+            Kind.FILE_WRITE,
+            "/dev/shm/stockade-doctor",
+            False,
+            "the host's /dev/shm (POSIX shared memory of the user's other processes) is "
+            "readable and writable",
+        ),
+    )
 
 
 def landlock_losses() -> list[str]:
@@ -290,8 +323,11 @@ def landlock_losses() -> list[str]:
     sc = scenarios.build("extended", layout)
     policy: Policy = sc.policy
     active = policy.layers.active()
-    bubblewrap = evaluate(Boundary(policy, runtime="bubblewrap"), sc.actions, active)
-    landlock = evaluate(Boundary(policy, runtime="landlock"), sc.actions, active)
+    # the host's processes, IPC and shared memory: the scenario does not try them (the
+    # attack suite does, tests/attacks/test_landlock_attacks.py)
+    actions = (*sc.actions, *_host_actions())
+    bubblewrap = evaluate(Boundary(policy, runtime="bubblewrap"), actions, active)
+    landlock = evaluate(Boundary(policy, runtime="landlock"), actions, active)
     held = {o.action.id for o in bubblewrap.outcomes if not o.through}
     return [
         f"{o.action.id}: {o.action.description}"

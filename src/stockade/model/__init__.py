@@ -13,8 +13,8 @@ files      Landlock ruleset applied inside the sandbox just before exec.
            symlink or hard link; with ABI 6 scopes, signals and abstract sockets out.
 container  bubblewrap: user, mount, PID, IPC, UTS (cgroup) namespaces; read-only
            system binds; tmpfs HOME and /tmp; --die-with-parent --disable-userns.
-           Stops seeing or signalling host processes, surviving the sandbox, host
-           sockets, the nested-userns remount trick, writes to protected paths.
+           Stops seeing, reading or signalling host processes, the host's IPC
+           objects, surviving the sandbox, host sockets, the nested-userns remount trick, writes to protected paths.
 syscalls   seccomp filter. Stops new namespaces, mount API, keyctl, bpf, perf,
            userfaultfd, io_uring, ptrace of others.
 secrets    environment built from an allow-list. Stops tokens in env vars.
@@ -64,6 +64,8 @@ from stockade.model._evaluate import kernel_only as kernel_only
 from stockade.model._evaluate import lost_without_namespaces as lost_without_namespaces
 from stockade.model._evaluate import subsets as subsets
 from stockade.model._layers import BLOCKED_SYSCALLS as BLOCKED_SYSCALLS
+from stockade.model._layers import HOST_SHARED_DIRS as HOST_SHARED_DIRS
+from stockade.model._layers import PTRACE_READ_FILES as PTRACE_READ_FILES
 from stockade.model._layers import Boundary as Boundary
 from stockade.model._rules import RuleHost as RuleHost
 from stockade.model._rules import Rules as Rules
@@ -71,7 +73,9 @@ from stockade.policy._tables import SYSTEM_PATHS as SYSTEM_PATHS
 
 __all__ = [
     "BLOCKED_SYSCALLS",
+    "HOST_SHARED_DIRS",
     "NETWORK_KINDS",
+    "PTRACE_READ_FILES",
     "SYSTEM_PATHS",
     "Action",
     "Boundary",

@@ -35,6 +35,14 @@ class Kind(enum.StrEnum):
     #: the sandbox's own (gVisor's Sentry, ``[container] backend = "gvisor"``) keeps the
     #: call from reaching the host's. It "gets through" when the host kernel answered it.
     HOST_KERNEL = "host_kernel"
+    #: read a file of another host process under ``/proc/PID/`` (``target`` names it:
+    #: ``cmdline``, ``environ``, ``mem``, ...). A PID namespace hides the process; on the
+    #: host kernel Landlock's ptrace restriction refuses the files that need ptrace
+    #: access (:data:`~stockade.model.PTRACE_READ_FILES`) to a process outside the domain.
+    PROCESS_READ = "process_read"
+    #: use an IPC object of the host's IPC namespace (``target``: ``sysv_shm``,
+    #: ``sysv_msg``, ``sysv_sem``): only an IPC namespace of the sandbox's own keeps them
+    HOST_IPC = "host_ipc"
 
 
 class Route(enum.StrEnum):

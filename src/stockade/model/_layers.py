@@ -45,16 +45,19 @@ layer      ``landlock`` (the host kernel, no namespaces)
 =========  ====================================================================
 files      Landlock on the real files, as under bubblewrap, and it alone keeps the
            protected paths read-only (the write grant is split around them) and
-           /etc's secret files unreadable (the read grant is split around them)
+           /etc's secret files unreadable (the read grant is split around them);
+           its ptrace restriction refuses other processes' environ and memory; it
+           grants the host's /dev/shm (:data:`HOST_SHARED_DIRS`)
 container  only the reaper: the launcher, a child subreaper, kills what the command
            leaves behind. No mount view (host files, /etc's secret files, named host
            unix sockets are as the files layer leaves them), no PID namespace, no
-           ``--disable-userns`` (seccomp alone refuses a user namespace)
+           ``--disable-userns`` (seccomp alone refuses a user namespace), no IPC
+           namespace (the host's System V IPC objects are the run's too)
 syscalls   the same seccomp filter
 egress     Landlock's TCP connect rule (the proxy's port only) and seccomp (inet
            sockets are TCP alone): a direct connection or a UDP DNS query is refused;
            abstract unix sockets are the host's (only Landlock's scope, files, stops
-           them)
+           them); its Landlock domain brings the ptrace restriction too
 limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every process):
            the pids cap holds only in a cgroup (``cgroup``: one can be made here)
 =========  ====================================================================
@@ -102,6 +105,20 @@ BLOCKED_SYSCALLS: frozenset[str] = frozenset(
 #: user namespace and mount in it (its own, measured with runsc release-20240729.0): only
 #: seccomp refuses them there.
 CONTAINER_SYSCALLS: frozenset[str] = frozenset({"userns", "mount"})
+
+#: The files of ``/proc/PID/`` that the kernel opens only with ptrace read access to the
+#: process (``PTRACE_MODE_READ``): Landlock's ptrace restriction refuses them for a
+#: process outside the sandbox's domain, whatever the ABI. ``cmdline``, ``stat``,
+#: ``status`` and ``comm`` need no such access: without a PID namespace they are open.
+PTRACE_READ_FILES: frozenset[str] = frozenset(
+    {"environ", "mem", "maps", "smaps", "auxv", "stack", "syscall", "pagemap", "cwd", "root"}
+)
+
+#: Host directories the landlock backend grants for writing besides the policy's, with
+#: no mount namespace to give the run a copy of its own: POSIX shared memory (the
+#: multiprocessing module's semaphores need it). Kept equal to the directories of
+#: ``runtime/_landlock.DEVICES`` (tests/model checks it).
+HOST_SHARED_DIRS: tuple[str, ...] = ("/dev/shm",)
 
 #: what the proxy refuses on an inspected host (the enforcement's own table)
 INSPECT_REFUSED_METHODS: frozenset[str] = REFUSED_METHODS
@@ -233,20 +250,25 @@ class Boundary:
             return None
         # The sandbox's own scratch directories (TMPDIR, a throw-away HOME) are granted too;
         # an action aimed at the host is never aimed at them, so they do not appear here.
+        shared = HOST_SHARED_DIRS if self.no_namespaces else ()
         if action.kind is Kind.FILE_READ:
-            if not _within_any(action.file_path, self._readable()):
+            if not _within_any(action.file_path, (*self._readable(), *shared)):
                 return Reason.PATH_NOT_GRANTED
             if self.no_namespaces and _within_any(action.file_path, SYSTEM_SECRETS):
                 # No mask without a mount namespace: the read grant is split around them.
                 return Reason.PATH_DENIED
         elif action.kind is Kind.FILE_WRITE:
-            if not _within_any(action.file_path, self._writable()):
+            if not _within_any(action.file_path, (*self._writable(), *shared)):
                 return Reason.PATH_NOT_GRANTED
             if self.no_namespaces and self._protected(action.file_path):
                 # No read-only bind: the split Landlock grant keeps it (runtime/_landlock).
                 return Reason.PATH_PROTECTED
         elif action.kind is Kind.PROCESS_SIGNAL:
             if self.landlock_scopes:
+                return Reason.PROCESS_CONTAINED
+        elif action.kind is Kind.PROCESS_READ:
+            # Landlock's ptrace restriction (every ABI): no ptrace access out of the domain.
+            if action.target in PTRACE_READ_FILES:
                 return Reason.PROCESS_CONTAINED
         elif (
             action.kind is Kind.UNIX_CONNECT
@@ -298,7 +320,8 @@ class Boundary:
     def _container(self, action: Action, route: Route | None = None) -> Reason | None:
         kind = action.kind
         if self.no_namespaces:
-            # The reaper is all there is of a container: no mount view, no namespaces.
+            # The reaper is all there is of a container: no mount view, no namespaces
+            # (host processes and the host's IPC objects are in plain sight).
             return Reason.PROCESS_CONTAINED if kind is Kind.PROCESS_SURVIVE else None
         if kind is Kind.FILE_READ:
             return self._visible(action.file_path)
@@ -311,7 +334,9 @@ class Boundary:
             if self._protected(path):
                 return Reason.PATH_PROTECTED
             return None
-        if kind in (Kind.PROCESS_SURVIVE, Kind.PROCESS_SIGNAL):
+        if kind in (Kind.PROCESS_SURVIVE, Kind.PROCESS_SIGNAL, Kind.PROCESS_READ, Kind.HOST_IPC):
+            # PID and IPC namespaces: host processes and IPC objects do not exist inside
+            # (in the Sentry too).
             return Reason.PROCESS_CONTAINED
         if kind is Kind.UNIX_CONNECT:
             if action.target.startswith("@"):
@@ -391,6 +416,10 @@ class Boundary:
             return Reason.UNSUPPORTED_PROTOCOL
         if kind in (Kind.NET_CONNECT, Kind.NET_REQUEST):
             return self.host_decision(action.host, action.port, action.address)
+        if kind is Kind.PROCESS_READ and self.no_namespaces and action.target in PTRACE_READ_FILES:
+            # Under landlock the network rule is a Landlock domain of its own (the files
+            # layer off, / granted whole), and every domain brings the ptrace restriction.
+            return Reason.PROCESS_CONTAINED
         if kind is Kind.DNS_LOOKUP:
             # The sandbox has no resolver; the proxy resolves only names it may connect to.
             allowed = self.host_decision(action.host, action.port or 443) is None
