@@ -195,9 +195,7 @@ def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> 
     if "/" in cmd:
         path = cmd if os.path.isabs(cmd) else str(cwd / cmd)
         return path if os.path.exists(path) else None
-    import shutil
-
-    return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
+    return _host.which(cmd, env.get("PATH", environment.DEFAULT_PATH))
 
 
 def _sweep_leftovers() -> None:
