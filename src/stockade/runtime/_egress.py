@@ -64,8 +64,12 @@ if TYPE_CHECKING:
 PROXY_PORT = 3128
 
 #: The sandbox's resolver configuration: stockade's resolver only, no search list (the
-#: host's would turn single-label names into extra queries), a fast retry.
-RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:2\n"
+#: host's would turn single-label names into extra queries). The resolver answers at once,
+#: except the first query of a run whose proxy is made on demand (see RunProxy), which
+#: waits for the proxy's import: on a loaded machine that can pass a second, so a client
+#: retries after 2 s, 3 times. A resolver that is gone (its socket closed) is refused at
+#: once: nothing waits for these timeouts then.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:2 attempts:3\n"
 #: Host-side resolver sockets that bypass resolv.conf (nscd, systemd-resolved's varlink,
 #: avahi). Visible only when the container layer is off; masked then, since each would
 #: resolve any name on the host: an exfiltration channel around the proxy.
@@ -213,10 +217,13 @@ class EgressPlan:
     def proxy(self, audit: AuditLog, argv: Sequence[str] = ()) -> RunProxy:
         """A proxy for one run (``argv``), writing to that run's audit log.
 
-        Without the inspect layer the proxy is made (and asyncio, the proxy and the
-        resolver imported) only once a listener of the sandbox becomes readable: see
-        :class:`RunProxy`. With it, the proxy is made here, before the sandbox starts, so
-        that anything wrong with the inspect layer stops the run before its command runs.
+        Without the inspect layer and without approvals the proxy is made (and asyncio,
+        the proxy and the resolver imported) only once a listener of the sandbox becomes
+        readable: see :class:`RunProxy`. With the inspect layer, the proxy is made here,
+        before the sandbox starts, so that anything wrong with it stops the run before its
+        command runs; with approvals (a :class:`~stockade.Sandbox`, ``--ask``), too: the
+        broker has brought asyncio in already, and live grants and asks act on a proxy
+        that is there from the start.
         """
         gate = None
         if self.approvals is not None:
@@ -250,7 +257,7 @@ class EgressPlan:
             audit,
             self.capture_ports if self.transparent else None,
             gate=gate,
-            lazy=self._ca is None,
+            lazy=self._ca is None and gate is None,
         )
 
     def close(self) -> None:
