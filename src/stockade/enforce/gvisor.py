@@ -223,14 +223,14 @@ def runsc_version(path: Path) -> Runsc:
 
 def _version_record(path: Path) -> tuple[Path, str, list[int]] | None:
     """Where the answer of ``path --version`` is kept, its real path and its identity."""
-    import hashlib
+    from stockade._hash import sha256_hex
 
     real = os.path.realpath(path)
     try:
         st = os.stat(real)
     except OSError:
         return None
-    key = hashlib.sha256(os.fsencode(real)).hexdigest()[:32]
+    key = sha256_hex(os.fsencode(real))[:32]
     ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     return _roots.state_dir() / "runsc-versions" / f"{key}.json", real, ident
 
