@@ -16,16 +16,16 @@ identity; the first verification adds it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from stockade import _roots
+from stockade._hash import sha256_hex
 
 
 def _record_path(path: Path) -> Path:
-    key = hashlib.sha256(os.fsencode(str(path))).hexdigest()[:32]
+    key = sha256_hex(os.fsencode(str(path)))[:32]
     return _roots.state_dir() / "executables" / f"{key}.json"
 
 
@@ -34,6 +34,10 @@ def _identity(st: os.stat_result) -> list[int]:
 
 
 def _sha256(fd: int) -> str:
+    # hashlib (OpenSSL, fast on a 60 MB runsc) only when a file is hashed: a run whose
+    # executables match their identity never is.
+    import hashlib
+
     digest = hashlib.sha256()
     offset = 0
     while chunk := os.pread(fd, 1 << 20, offset):

@@ -217,8 +217,11 @@ def _warm() -> dict[str, int]:
     import tomllib  # noqa: F401
 
     import stockade.cli.run
-    import stockade.egress
+    import stockade.egress._assemble
+    import stockade.egress._proxy
+    import stockade.egress.dns._server
     import stockade.egress.inspect
+    import stockade.egress.upstream._transport
     import stockade.policy._hosts
     import stockade.runtime._egress  # noqa: F401
     from stockade.enforce import launcher, limits, seccomp  # noqa: F401

@@ -30,10 +30,10 @@ import signal
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
 
 from stockade._exceptions import SandboxError
 from stockade._libc import libc
+from stockade._record import field, record
 from stockade.egress.dns._pool import POOL
 
 __all__ = ["Netns", "NetnsSockets", "listener_in_netns", "open_netns", "sockets_in_netns"]
@@ -65,7 +65,7 @@ _SIOCGIFFLAGS = 0x8913
 _IFF_UP = 0x1
 
 
-@dataclass
+@record(frozen=False)
 class NetnsSockets:
     """What the helper made inside the namespace (the caller owns and closes them)."""
 
@@ -199,7 +199,7 @@ def _capture_listener(port: int) -> socket.socket:
     return sock
 
 
-@dataclass(frozen=True)
+@record
 class _Request:
     port: int
     dns: bool

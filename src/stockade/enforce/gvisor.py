@@ -188,17 +188,30 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def runsc_version(path: Path) -> Runsc:
-    """Ask ``path --version``; raise :class:`Unavailable` when it cannot be read."""
-    try:
-        out = subprocess.run(
-            [str(path), "--version"],
-            capture_output=True,
-            timeout=10,
-            check=False,
-            env=_roots.host_environment(),
-        ).stdout.decode(errors="replace")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Unavailable(f"runsc at {path} ({exc})", GET_RUNSC) from None
+    """Ask ``path --version``; raise :class:`Unavailable` when it cannot be read.
+
+    The answer is kept in stockade's state (out of every sandbox's reach) with the file's
+    identity (device, inode, size, mtime, ctime; see :mod:`stockade._digests`): asking a
+    Go binary costs some 20 ms of CPU (100 ms of wall time on a loaded machine) of every
+    gVisor run, and while the identity holds the file, and so its answer, is the same.
+    The version is a compatibility check (the oldest release that works), never the
+    proof of which file runs: that is the digest check of :func:`require_runsc`.
+    """
+    out = _cached_version(path)
+    if out is None:
+        try:
+            out = subprocess.run(
+                [str(path), "--version"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+                env=_roots.host_environment(),
+            ).stdout.decode(errors="replace")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise Unavailable(f"runsc at {path} ({exc})", GET_RUNSC) from None
+        release = parse_version(out)
+        if release is not None:
+            _remember_version(path, out)
     release = parse_version(out)
     if release is None:
         raise Unavailable(
@@ -206,6 +219,57 @@ def runsc_version(path: Path) -> Runsc:
             GET_RUNSC,
         )
     return Runsc(path, release, out.strip().splitlines()[0] if out.strip() else "")
+
+
+def _version_record(path: Path) -> tuple[Path, str, list[int]] | None:
+    """Where the answer of ``path --version`` is kept, its real path and its identity."""
+    from stockade._hash import sha256_hex
+
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    key = sha256_hex(os.fsencode(real))[:32]
+    ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return _roots.state_dir() / "runsc-versions" / f"{key}.json", real, ident
+
+
+def _cached_version(path: Path) -> str | None:
+    import json
+
+    where = _version_record(path)
+    if where is None:
+        return None
+    record_path, real, ident = where
+    try:
+        entry = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(entry, dict)
+        or entry.get("path") != real
+        or entry.get("identity") != ident
+        or not isinstance(entry.get("output"), str)
+    ):
+        return None
+    output: str = entry["output"]
+    return output
+
+
+def _remember_version(path: Path, output: str) -> None:
+    import contextlib
+    import json
+
+    where = _version_record(path)
+    if where is None:
+        return
+    record_path, real, ident = where
+    with contextlib.suppress(OSError):
+        record_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = record_path.with_name(f".{record_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"path": real, "identity": ident, "output": output}))
+        os.replace(tmp, record_path)
 
 
 def require_runsc(env: Mapping[str, str] | None = None) -> Runsc:

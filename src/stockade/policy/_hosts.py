@@ -13,8 +13,6 @@ import enum
 import ipaddress
 import re
 
-import idna
-
 from stockade._record import record
 from stockade.policy._text import toml_string
 
@@ -111,6 +109,8 @@ def _ascii_name(name: str) -> str:
         if label.startswith("xn--"):
             # An A-label must be the canonical encoding of a valid U-label, else two
             # spellings could reach one name.
+            import idna  # only for these labels and non-ASCII names: ~10 ms to import
+
             try:
                 ulabel = idna.decode(label)
                 canonical = idna.encode(ulabel).decode("ascii")
@@ -125,6 +125,8 @@ def _ascii_name(name: str) -> str:
 
 
 def _to_ascii(name: str) -> str:
+    import idna  # only for non-ASCII names (and xn-- labels): ~10 ms to import
+
     try:
         mapped = idna.uts46_remap(name, std3_rules=True, transitional=False)
     except (idna.IDNAError, UnicodeError, IndexError):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -54,8 +53,29 @@ def find_bwrap() -> str | None:
 # server's workers) may be asked again with another environment.
 @functools.cache
 def _bwrap_on_path(path: str | None) -> Path | None:
-    candidate = shutil.which("bwrap", path=path)
+    candidate = which("bwrap", path)
     return Path(candidate).resolve() if candidate else None
+
+
+def which(name: str, path: str | None) -> str | None:
+    """:func:`shutil.which` for a plain ``name`` (no directory part) on ``path`` (the
+    ``PATH`` variable when None), without importing shutil (~5 ms of every cold run);
+    the same search, entry by entry (an empty entry is the working directory, as there)."""
+    if path is None:
+        path = os.environ.get("PATH")
+        if path is None:
+            path = os.confstr("CS_PATH") or os.defpath
+    if not path:
+        return None
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        if (
+            os.path.exists(candidate)
+            and os.access(candidate, os.X_OK)
+            and not os.path.isdir(candidate)
+        ):
+            return candidate
+    return None
 
 
 def require_bwrap() -> str:

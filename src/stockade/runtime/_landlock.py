@@ -503,7 +503,7 @@ class LandlockRun:
 
     def paused(self) -> float:
         """Seconds the command's wall clock stood still for asks (see RunGate)."""
-        gate = self.proxy.proxy.gate if self.proxy is not None else None
+        gate = self.proxy.gate if self.proxy is not None else None
         return gate.paused_seconds() if gate is not None else 0.0
 
     def release(self, proc: Any) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -98,6 +97,8 @@ def _quote(value: str) -> str:
 def _read_config(path: Path) -> list[tuple[str, str]] | None:
     """``(key, value)`` entries of a git config file, parsed by git itself (no include
     is followed with ``--file``); None when it cannot be parsed."""
+    import shutil
+
     git = shutil.which("git", path=_roots.HOST_PATH)
     if git is None:
         return None
@@ -144,6 +145,8 @@ def _remove(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink()
     else:
+        import shutil
+
         shutil.rmtree(path)
 
 
@@ -218,6 +221,8 @@ def adopt(staged: Staged) -> tuple[bool, list[str]]:
         return False, dropped
     with os.scandir(staged.inner) as entries:
         names = [entry.name for entry in entries]
+    import shutil
+
     for name in names:
         shutil.move(str(staged.inner / name), target / name)
     return True, dropped
@@ -243,6 +248,8 @@ def keep_aside(staged: Staged, run_id: str) -> Path | None:
     target = _roots.state_dir() / "repositories" / run_id
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        import shutil
+
         shutil.move(str(staged.inner), target)
     except OSError:
         return None

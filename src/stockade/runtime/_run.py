@@ -195,9 +195,7 @@ def _resolve_command(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> 
     if "/" in cmd:
         path = cmd if os.path.isabs(cmd) else str(cwd / cmd)
         return path if os.path.exists(path) else None
-    import shutil
-
-    return shutil.which(cmd, path=env.get("PATH", environment.DEFAULT_PATH))
+    return _host.which(cmd, env.get("PATH", environment.DEFAULT_PATH))
 
 
 def _sweep_leftovers() -> None:
@@ -1498,7 +1496,7 @@ class _Start:
 
     def paused(self) -> float:
         """Seconds the command's wall clock stood still for asks (see RunGate)."""
-        gate = self.proxy.proxy.gate if self.proxy is not None else None
+        gate = self.proxy.gate if self.proxy is not None else None
         return gate.paused_seconds() if gate is not None else 0.0
 
     def child_fds(self) -> tuple[int, int]:

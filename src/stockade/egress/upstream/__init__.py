@@ -12,21 +12,31 @@ resolved and classified is opened through that proxy instead of dialled directly
 * :class:`UpstreamRefused` / :class:`UpstreamUnreachable` — why a destination could not
   be opened; never followed by a direct dial;
 * :func:`probe` — what ``stockade doctor`` asks the upstream.
+
+:func:`resolve_upstream` (a run plans with it) is cheap to import; the transport and the
+probe (asyncio) are loaded on first use.
 """
+
+from __future__ import annotations
 
 from stockade.egress.upstream._config import PROXY_VARIABLES as PROXY_VARIABLES
 from stockade.egress.upstream._config import Upstream as Upstream
 from stockade.egress.upstream._config import read_auth_file as read_auth_file
 from stockade.egress.upstream._config import resolve_upstream as resolve_upstream
-from stockade.egress.upstream._probe import probe as probe
-from stockade.egress.upstream._probe import reach as reach
-from stockade.egress.upstream._transport import UNRESOLVED as UNRESOLVED
-from stockade.egress.upstream._transport import Route as Route
-from stockade.egress.upstream._transport import Transport as Transport
-from stockade.egress.upstream._transport import UpstreamRefused as UpstreamRefused
-from stockade.egress.upstream._transport import UpstreamUnreachable as UpstreamUnreachable
-from stockade.egress.upstream._transport import answer_status as answer_status
-from stockade.egress.upstream._transport import dial as dial
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from stockade.egress.upstream._probe import probe as probe
+    from stockade.egress.upstream._probe import reach as reach
+    from stockade.egress.upstream._transport import UNRESOLVED as UNRESOLVED
+    from stockade.egress.upstream._transport import Route as Route
+    from stockade.egress.upstream._transport import Transport as Transport
+    from stockade.egress.upstream._transport import UpstreamRefused as UpstreamRefused
+    from stockade.egress.upstream._transport import UpstreamUnreachable as UpstreamUnreachable
+    from stockade.egress.upstream._transport import answer_status as answer_status
+    from stockade.egress.upstream._transport import dial as dial
 
 __all__ = [
     "PROXY_VARIABLES",
@@ -43,3 +53,26 @@ __all__ = [
     "read_auth_file",
     "resolve_upstream",
 ]
+
+_LAZY = {
+    "probe": "stockade.egress.upstream._probe",
+    "reach": "stockade.egress.upstream._probe",
+    "UNRESOLVED": "stockade.egress.upstream._transport",
+    "Route": "stockade.egress.upstream._transport",
+    "Transport": "stockade.egress.upstream._transport",
+    "UpstreamRefused": "stockade.egress.upstream._transport",
+    "UpstreamUnreachable": "stockade.egress.upstream._transport",
+    "answer_status": "stockade.egress.upstream._transport",
+    "dial": "stockade.egress.upstream._transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stockade.egress.upstream' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
