@@ -73,7 +73,7 @@ REFUSED = 126
 _READ = r"""
 f=$1
 if [ -d "$f" ]; then echo "Is a directory" >&2; exit 21; fi
-if [ ! -e "$f" ] && [ ! -L "$f" ]; then echo "No such file or directory" >&2; exit 2; fi
+if [ ! -e "$f" ] && [ ! -L "$f" ]; then echo "No such file or directory" >&2; exit 22; fi
 exec head -c "$2" -- "$f"
 """
 # write_file: the parents are made inside the sandbox, where the files layer decides.
@@ -101,6 +101,12 @@ class StockadeSandboxConfig(BaseModel, frozen=True):
     set_env: dict[str, str] = Field(default_factory=dict)
     #: append the audit events of every run to this file (default: in memory only)
     audit: str | None = None
+
+    def __hash__(self) -> int:
+        # Inspect hashes sandbox specs (config included); the dict field is not hashable.
+        return hash(
+            (self.policy, self.allow_hosts, tuple(sorted(self.set_env.items())), self.audit)
+        )
 
 
 def _config(config: SandboxEnvironmentConfigType | None) -> StockadeSandboxConfig:
@@ -370,14 +376,16 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
     def _file_error(self, file: str, result: stockade.CompletedRun, *, write: bool) -> OSError:
         said = result.stderr.decode(errors="replace").strip()
         code = result.returncode
+        # The scripts' own codes (21, 22) first, then what the tools inside said (sh
+        # exits 2 for any redirection it cannot make, so 2 alone tells nothing).
         if code == 21 or "Is a directory" in said:
             return IsADirectoryError(errno.EISDIR, "Is a directory", file)
-        if code == 2 or "No such file" in said:
+        if any(s in said for s in ("Permission denied", "Read-only file system", "not permitted")):
+            return PermissionError(errno.EACCES, said, file)
+        if code == 22 or "No such file" in said:
             return FileNotFoundError(errno.ENOENT, "No such file or directory", file)
         if "Not a directory" in said:
             return NotADirectoryError(errno.ENOTDIR, "Not a directory", file)
-        if any(s in said for s in ("Permission denied", "Read-only file system", "not permitted")):
-            return PermissionError(errno.EACCES, said, file)
         return OSError(errno.EIO, f"{said or 'failed'} (exit {code})", file)
 
     # -- what Inspect asks besides --------------------------------------------------------
