@@ -163,7 +163,8 @@ async def _throttle(enabled: bool) -> AsyncIterator[None]:
     except ImportError:  # a later Inspect moved them: run unthrottled, as remote providers do
         yield
         return
-    async with concurrency("subprocesses", max_subprocesses_context_var.get()):
+    # The same semaphore (name and kind) as Inspect's own subprocess(): one limit for both.
+    async with concurrency("subprocesses", max_subprocesses_context_var.get(), resizable=True):
         yield
 
 
