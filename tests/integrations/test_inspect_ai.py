@@ -305,3 +305,19 @@ async def test_exec_as_user(sandbox_env: SandboxEnvironment) -> None:
     assert not added.success
     with pytest.raises(KeyError):
         pwd.getpwnam(username)
+
+
+def test_stockade_itself_never_imports_inspect() -> None:
+    """The provider is imported by Inspect's entry point only: stockade's CLI, API and
+    integrations package leave inspect_ai unloaded (the CLI has a start-up budget)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, stockade, stockade.api, stockade.cli, stockade.integrations\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'inspect_ai'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
