@@ -229,8 +229,10 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
         """Close each Sandbox (its proxy and /tmp) and remove its workspace."""
         for environment in environments.values():
             env = environment.as_type(StockadeSandboxEnvironment)
-            env.sandbox.close()
-            _remove_workspace(env.workspace)
+            try:
+                env.sandbox.close()
+            finally:
+                _remove_workspace(env.workspace)
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
