@@ -3,9 +3,9 @@
 For each adapter whose framework is installed: one call of ``sh -c true`` through the
 adapter's own entry point (the OpenAI Agents SDK session's ``exec``, pydantic-ai's
 ``WorkspaceBackend.run``, deepagents' ``execute``, LangChain's persistent shell through
-``StockadeExecutionPolicy``: a spawn, one command, the end), beside the same command through
-``stockade.Sandbox.run`` on a warm sandbox of the same policy (what the adapters call), and
-``stockade-sh -c true`` beside ``stockade run -- sh -c true`` as processes. Target: each
+``StockadeExecutionPolicy``: a spawn, one command, the end; Inspect AI's sandbox ``exec``),
+beside the same command through ``stockade.Sandbox.run`` on a warm sandbox of the same
+policy (what the adapters call), and ``stockade-sh -c true`` beside ``stockade run -- sh -c true`` as processes. Target: each
 adapter adds <= 10% (or <= 5 ms) to the call. The last line is one JSON object.
 """
 
@@ -129,6 +129,29 @@ def main() -> None:
             report("langchain", means, out)
         except ImportError:
             print("langchain: not installed")
+
+        try:
+            from stockade.integrations.inspect_ai import StockadeSandboxEnvironment
+
+            cls = StockadeSandboxEnvironment
+            envs = loop.run_until_complete(cls.sample_init("bench", None, {}))
+            inspect_env = envs["default"].as_type(cls)
+            sample_sb = inspect_env.sandbox
+
+            # Inspect's bash() tool calls exec(); the baseline is Sandbox.run on the
+            # sample's own sandbox (its workspace, its session /tmp), what exec() calls.
+            means = interleaved_means(
+                {
+                    "adapter": lambda: loop.run_until_complete(inspect_env.exec(argv)),
+                    "stockade": lambda: sample_sb.run(
+                        argv, cwd=inspect_env.workspace, capture_output=True, input=b""
+                    ),
+                }
+            )
+            report("inspect-ai", means, out)
+            loop.run_until_complete(cls.sample_cleanup("bench", None, envs, False))
+        except ImportError:
+            print("inspect-ai: not installed")
     loop.close()
 
     sh = shutil.which("stockade-sh")
