@@ -672,3 +672,117 @@ def test_curl_http2(tmp_path: Path) -> None:
             assert body.startswith("stockade: no-rule-matched")
 
     run(go())
+
+
+def events_reasons(s: Setup) -> list[str]:
+    return [e["reason"] for e in s.events() if e["verdict"] == "deny"]
+
+
+# -- gRPC -------------------------------------------------------------------------------
+
+GRPC_RULES = """
+[[network.rules]]
+host = "api.test"
+methods = ["POST"]
+paths = ["/stockade.Echo/Say"]
+"""
+
+
+def test_grpc_through_an_inspected_host(tmp_path: Path) -> None:
+    """A real grpcio client and server (TLS, the client's CONNECT through the proxy): the
+    allowed method answers (its status rides in the response trailers), a method no rule
+    allows is refused (HTTP 403, which gRPC reports as PERMISSION_DENIED), a label in the
+    message is refused, and the twin without it passes."""
+    grpc = pytest.importorskip("grpc")
+
+    async def go() -> None:
+        ca = trustme.CA()
+        seen: list[bytes] = []
+
+        def say(request: bytes, context: Any) -> bytes:
+            seen.append(request)
+            return b"echo:" + request
+
+        handler = grpc.method_handlers_generic_handler(
+            "stockade.Echo",
+            {
+                "Say": grpc.unary_unary_rpc_method_handler(say),
+                "Publish": grpc.unary_unary_rpc_method_handler(say),
+            },
+        )
+        server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(2))
+        server.add_generic_rpc_handlers((handler,))
+        cert = ca.issue_cert(*NAMES)
+        creds = grpc.ssl_server_credentials(
+            [(cert.private_key_pem.bytes(), cert.cert_chain_pems[0].bytes())]
+        )
+        grpc_port = server.add_secure_port("127.0.0.1:0", creds)
+        server.start()
+        try:
+            ca_file = tmp_path / "grpc-ca.pem"
+            ca.cert_pem.write_to_path(str(ca_file))
+            async with setup(tmp_path, GRPC_RULES) as s:
+                # The policy's tls_ports and upstream CA are the H2Upstream's: point a
+                # second layer at the gRPC server instead.
+                text = POLICY.replace("tls_ports = [{port}]", f"tls_ports = [{grpc_port}]")
+                policy = parse_policy_text(
+                    text.format(port=grpc_port, ca=ca_file) + GRPC_RULES,
+                    "g.toml",
+                    workspace=tmp_path,
+                )
+                layer = InspectLayer.from_policy(
+                    policy, CertificateAuthority.ephemeral(), s.audit, secrets=s.store
+                )
+                bundle = write_trust_bundle(layer.ca, tmp_path / "grpc-bundle.pem")
+                proxy = EgressProxy(EgressRules.from_policy(policy.network), s.audit, inspect=layer)
+                listener = socket.socket()
+                listener.bind(("127.0.0.1", 0))
+                listener.listen(16)
+                serving = asyncio.get_running_loop().create_task(proxy.serve_socket(listener))
+                try:
+
+                    def calls() -> list[Any]:
+                        channel = grpc.secure_channel(
+                            f"api.test:{grpc_port}",
+                            grpc.ssl_channel_credentials(bundle.read_bytes()),
+                            options=[
+                                ("grpc.http_proxy", f"http://127.0.0.1:{listener.getsockname()[1]}")
+                            ],
+                        )
+                        out: list[Any] = []
+                        with channel:
+                            for method, message in (
+                                ("Say", b"hello"),
+                                ("Publish", b"hello"),
+                                ("Say", LABELLED.encode()),
+                                ("Say", b"twin"),
+                            ):
+                                call = channel.unary_unary(f"/stockade.Echo/{method}")
+                                try:
+                                    out.append(call(message, timeout=20))
+                                except grpc.RpcError as exc:
+                                    out.append(exc.code())
+                        return out
+
+                    results = await asyncio.to_thread(calls)
+                finally:
+                    proxy.close()
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(serving, 5)
+                    layer.close()
+            assert results[0] == b"echo:hello"
+            assert results[1] == grpc.StatusCode.PERMISSION_DENIED
+            assert results[2] == grpc.StatusCode.PERMISSION_DENIED
+            assert results[3] == b"echo:twin"
+            assert seen == [b"hello", b"twin"]
+            assert events_reasons(s) == ["no-rule-matched", "labelled-data"]
+            events = s.events()
+            assert [e["path"] for e in events] == [
+                "/stockade.Echo/Say",
+                "/stockade.Echo/Publish",
+            ] + ["/stockade.Echo/Say"] * 2
+            assert [e["verdict"] for e in events] == ["allow", "deny", "deny", "allow"]
+        finally:
+            server.stop(0)
+
+    run(go())
