@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import shutil
 import socket
 import ssl
@@ -137,14 +138,26 @@ class H2Upstream:
         bodies: dict[int, bytearray] = {}
         trailers: dict[int, dict[str, str]] = {}
         pending: list[asyncio.Task[None]] = []
+        windows = asyncio.Event()
 
         async def answer(sid: int) -> None:
             head = heads[sid]
             if head[":path"].startswith("/slow"):
                 await self.release.wait()
             body = f"ok {head[':method']} {head[':path']} {len(bodies[sid])}".encode()
+            if head[":path"].startswith("/download"):
+                body = bytes(range(256)) * 4096  # 1 MiB: many windows' worth
             conn.send_headers(sid, [(":status", "200"), ("content-length", str(len(body)))])
-            conn.send_data(sid, body)
+            while body:
+                window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                if window <= 0:
+                    writer.write(conn.data_to_send())
+                    await writer.drain()
+                    await windows.wait()
+                    windows.clear()
+                    continue
+                conn.send_data(sid, body[:window])
+                body = body[window:]
             conn.send_headers(sid, [("x-outcome", "done")], end_stream=True)
             writer.write(conn.data_to_send())
             await writer.drain()
@@ -165,6 +178,8 @@ class H2Upstream:
                         )
                     elif isinstance(event, h2.events.TrailersReceived):
                         trailers[event.stream_id or 0] = _text(event.headers)
+                    elif isinstance(event, h2.events.WindowUpdated):
+                        windows.set()
                     elif isinstance(event, h2.events.StreamEnded):
                         sid = event.stream_id or 0
                         head = heads[sid]
@@ -456,6 +471,46 @@ def test_a_foreign_bearer_is_refused_and_the_bound_placeholder_is_injected(
             assert r.status_code == 200
             assert s.upstream.seen[-1].headers["x-api-key"] == REAL_KEY
             assert not s.upstream.saw("ATTACKER")
+
+    run(go())
+
+
+def test_a_gzip_body_is_decoded_and_scanned(tmp_path: Path) -> None:
+    """A gzip body is held whole, decoded and scanned (the HTTP/1.1 path's rule); a
+    credential inside is refused, the clean twin reaches the upstream unchanged."""
+
+    async def go() -> None:
+        async with setup(tmp_path) as s, s.client() as c:
+            url = s.url("other.test", "/gz")
+            gz = {"content-encoding": "gzip"}
+            r = await c.post(url, content=gzip.compress(f"token={GHP}".encode()), headers=gz)
+            assert r.status_code == 403
+            assert r.headers["x-stockade-reason"] == "credential-detected"
+            clean = gzip.compress(b"token=none" * 1000)
+            r = await c.post(url, content=clean, headers=gz)
+            assert r.status_code == 200
+            assert s.upstream.seen[-1].body == clean
+            assert [x.path for x in s.upstream.seen] == ["/gz"]
+
+    run(go())
+
+
+def test_large_bodies_both_ways_go_through_the_windows(tmp_path: Path) -> None:
+    """1 MiB up and 1 MiB down: many flow-control windows' worth each way, byte exact."""
+
+    async def go() -> None:
+        async with setup(tmp_path) as s, s.client() as c:
+            up = bytes(range(251)) * 4200
+            r = await c.post(s.url("other.test", "/upload"), content=up)
+            assert r.status_code == 200
+            assert r.text == f"ok POST /upload {len(up)}"
+            assert s.upstream.seen[-1].body == up
+            r = await c.get(s.url("other.test", "/download"))
+            assert r.status_code == 200
+            assert r.content == bytes(range(256)) * 4096
+            events = await s.settle(2)
+            assert [e["bytes_up"] for e in events] == [len(up), 0]
+            assert events[1]["bytes_down"] == 1 << 20
 
     run(go())
 
@@ -786,3 +841,35 @@ def test_grpc_through_an_inspected_host(tmp_path: Path) -> None:
             server.stop(0)
 
     run(go())
+
+
+def test_h2_is_imported_only_when_a_connection_negotiates_it() -> None:
+    """The CLI's start-up budget: importing the inspect layer does not load ``h2``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stockade.egress.inspect, stockade.egress.inspect._tunnel;"
+        "print('h2' in sys.modules, 'stockade.egress.inspect._h2' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_client_hellos_alpn_is_read() -> None:
+    """What decides whether the upstream is asked about HTTP/2: the protocols a real
+    ClientHello offers (none, http/1.1 only, h2 first)."""
+    from stockade.egress._tls import parse_client_hello
+
+    for offered in ([], ["http/1.1"], ["h2", "http/1.1"]):
+        ctx = ssl.create_default_context()
+        if offered:
+            ctx.set_alpn_protocols(offered)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = ctx.wrap_bio(incoming, outgoing, server_hostname="api.test")
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.do_handshake()
+        hello = parse_client_hello(outgoing.read())
+        assert hello is not None
+        assert hello.alpn == tuple(offered)
+        assert hello.server_names == ("api.test",)

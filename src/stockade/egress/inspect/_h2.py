@@ -90,6 +90,8 @@ class _Exchange:
     refused: bool = False
     done: bool = False
     emitted: bool = False
+    #: the client asked ``te: trailers`` (gRPC does), passed on upstream
+    te: bool = False
     trailers_in: Headers = field(default_factory=list)
 
 
@@ -299,18 +301,18 @@ class _Session:
             return
         ex.plan = plan
         ex.redactor = StreamReplacer(plan.redact)
+        ex.te = b"trailers" in header_values(headers, b"te")
         if plan.encoding is not None:
             ex.held = bytearray()
         else:
             ex.scanner = self.layer.inspector.body_scanner(plan)
-            te = b"trailers" in header_values(headers, b"te")
-            if not self._open_upstream(ex, te, end=ended):
+            if not self._open_upstream(ex, end=ended):
                 return
         if not ended and b"100-continue" in header_values(headers, b"expect"):
             self.c.send_headers(cid, [(b":status", b"100")])
         # The end of a request without a body comes as its own StreamEnded event.
 
-    def _open_upstream(self, ex: _Exchange, te: bool, *, end: bool) -> bool:
+    def _open_upstream(self, ex: _Exchange, *, end: bool) -> bool:
         assert ex.plan is not None
         plan = ex.plan
         method = ex.record.method.encode("latin-1")
@@ -321,7 +323,7 @@ class _Session:
             (b":path", plan.target.forwarded),
         ]
         headers += [(n, v) for n, v in plan.headers if n != b"host" and n not in _FORBIDDEN]
-        if te:
+        if ex.te:
             # gRPC servers ask for it; it is the one TE value HTTP/2 allows.
             headers.append((b"te", b"trailers"))
         try:
@@ -375,7 +377,7 @@ class _Session:
             if ex.held is not None:
                 scan_encoded(self.layer, ex.plan, ex.record, bytes(ex.held))
                 body, ex.held = bytes(ex.held), None
-                if not self._open_upstream(ex, False, end=not body and not trailers):
+                if not self._open_upstream(ex, end=not body and not trailers):
                     return
                 ex.up.data += body
             else:
@@ -497,7 +499,7 @@ class _Session:
                     # (RFC 9113 8.1: RST_STREAM NO_ERROR after a complete response).
                     with contextlib.suppress(h2.exceptions.ProtocolError):
                         self.c.reset_stream(ex.cid, h2.errors.ErrorCodes.NO_ERROR)
-                self._finish(ex, Decision.deny(LAYER, Reason.BAD_REQUEST, "", ""))
+                self._forget(ex)
                 return
             detail = ""
             if ex.redactor is not None and ex.redactor.replaced:
@@ -543,12 +545,16 @@ class _Session:
                 self.c.reset_stream(ex.cid, code)
 
     def _finish(self, ex: _Exchange, decision: Decision, detail: str = "") -> None:
+        """The stream is over: its event (unless written already), and forgotten."""
         if ex.done:
             return
-        ex.done = True
         if detail:
             ex.record.detail = detail
         self._emit(ex, decision)
+        self._forget(ex)
+
+    def _forget(self, ex: _Exchange) -> None:
+        ex.done = True
         self.streams.pop(ex.cid, None)
         if ex.uid is not None:
             self.by_uid.pop(ex.uid, None)
