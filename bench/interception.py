@@ -215,23 +215,29 @@ def measure_h2(
     }
 
 
-def http2_rounds(port: int, authority: str, bundle: Path, count: int, rounds: int) -> Any:
+def http2_rounds(
+    port: int, authority: str, bundle: Path, upstream_ca: Path, count: int, rounds: int
+) -> Any:
     """HTTP/2 (sequential and 10 in flight) and HTTP/1.1 keep-alive through one proxy,
-    rounds alternating; the ratio is the median of the per-round ratios."""
-    rps: dict[str, list[float]] = {"h2": [], "h2_x10": [], "http1": []}
-    p50: dict[str, list[float]] = {k: [] for k in rps}
-    cafile = str(bundle)
-    measure_h2(port, authority, cafile, count=20)  # warm-up
-    measure(port, authority, HOST, authority, cafile, fresh=False, count=20, seconds=5)
+    and both straight to the upstream (the baseline: the HTTP/2 upstream is a Python
+    ``h2`` server, slower than the canned HTTP/1.1 answer), rounds alternating; each
+    ratio is the median of the per-round ratios."""
+    modes = ("h2", "h2_x10", "http1", "h2_direct", "http1_direct")
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    p50: dict[str, list[float]] = {m: [] for m in modes}
+
+    def one(mode: str, n: int) -> dict[str, float]:
+        via, cafile = (0, str(upstream_ca)) if mode.endswith("_direct") else (port, str(bundle))
+        if mode.startswith("http1"):
+            return measure(via, authority, HOST, authority, cafile, fresh=False, count=n,
+                           seconds=30)  # fmt: skip
+        return measure_h2(via, authority, cafile, count=n, streams=10 if "x10" in mode else 1)
+
+    for mode in modes:
+        one(mode, 20)  # warm-up
     for i in range(rounds):
-        order = list(rps) if i % 2 == 0 else list(reversed(rps))
-        for mode in order:
-            if mode == "http1":
-                got = measure(port, authority, HOST, authority, cafile, fresh=False,
-                              count=count, seconds=30)  # fmt: skip
-            else:
-                got = measure_h2(port, authority, cafile, count=count,
-                                 streams=10 if mode == "h2_x10" else 1)  # fmt: skip
+        for mode in modes if i % 2 == 0 else tuple(reversed(modes)):
+            got = one(mode, count)
             rps[mode].append(got["rps"])
             p50[mode].append(got["p50_ms"])
     out: dict[str, Any] = {
@@ -239,11 +245,17 @@ def http2_rounds(port: int, authority: str, bundle: Path, count: int, rounds: in
             "rps": round(statistics.median(rps[m]), 1),
             "p50_ms": round(statistics.median(p50[m]), 3),
         }
-        for m in rps
+        for m in modes
     }
-    for m in ("h2", "h2_x10"):
-        paired = [a / b for a, b in zip(rps[m], rps["http1"], strict=True)]
-        out[f"ratio_{m}_vs_http1"] = round(statistics.median(paired), 3)
+
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(x / y for x, y in zip(rps[a], rps[b], strict=True)), 3)
+
+    out["ratio_h2_vs_http1"] = ratio("h2", "http1")
+    out["ratio_h2_x10_vs_http1"] = ratio("h2_x10", "http1")
+    # What the proxy keeps of each protocol's direct throughput.
+    out["kept_h2_vs_direct"] = ratio("h2", "h2_direct")
+    out["kept_http1_vs_direct"] = ratio("http1", "http1_direct")
     return out
 
 
@@ -322,6 +334,12 @@ class _Done(Exception):
 
 
 def _connect(proxy_port: int, authority: str) -> socket.socket:
+    """A tunnel to ``authority`` through the proxy; ``proxy_port`` 0: straight to the
+    upstream (the baseline), by the port in ``authority``."""
+    if not proxy_port:
+        sock = socket.create_connection(("127.0.0.1", int(authority.rpartition(":")[2])))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     sock = socket.create_connection(("127.0.0.1", proxy_port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
@@ -668,7 +686,7 @@ def main() -> None:
                      str(work / "st-h2.port"))  # fmt: skip
         st_h2 = _wait_port(work / "st-h2.port", proc)
         results["http2"] = http2_rounds(
-            st_h2, f"{HOST}:{h2_port}", h2_bundle, label_n, max(label_rounds // 3, 3)
+            st_h2, f"{HOST}:{h2_port}", h2_bundle, ca_file, label_n, max(label_rounds // 3, 3)
         )
         results["http2_vs_http1_keepalive"] = results["http2"]["ratio_h2_vs_http1"]
         if ns.http2_only:
