@@ -21,6 +21,7 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h11
 import pytest
@@ -674,6 +675,45 @@ def test_a_refused_body_stream_is_answered_while_a_sibling_uploads(tmp_path: Pat
                 assert r_ok["body"] == b"ok POST /big 60000"
                 assert not s.upstream.saw(GHP[:12])
                 assert [x.path for x in s.upstream.seen] == ["/big"]
+            finally:
+                raw.close()
+
+    run(go())
+
+
+def test_a_flood_of_reset_streams_ends_the_connection(tmp_path: Path) -> None:
+    """Rapid reset (CVE-2023-44487): a client that opens and resets stream after stream
+    gets GOAWAY ENHANCE_YOUR_CALM; the twin, a client whose streams complete, is served
+    as long as it likes (more streams than the reset limit)."""
+
+    async def go() -> None:
+        async with setup(tmp_path) as s:
+            raw = RawH2(s, "other.test")
+            await raw.open()
+            try:
+                for _ in range(150):
+                    sid = await raw.send("GET", "/slow", body=[b"x"])
+                    raw.conn.reset_stream(sid)
+                    await raw._flush()
+                ended = None
+                async with asyncio.timeout(30):
+                    while ended is None:
+                        data = await raw.reader.read(65536)
+                        if not data:
+                            break
+                        for event in raw.conn.receive_data(data):
+                            if isinstance(event, h2.events.ConnectionTerminated):
+                                ended = event.error_code
+                assert ended == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            finally:
+                raw.close()
+            s.upstream.release.set()
+            raw = RawH2(s, "other.test")
+            await raw.open()
+            try:
+                for i in range(120):
+                    r = await raw.wait(await raw.send("GET", f"/n{i}"))
+                    assert r["status"] == 200
             finally:
                 raw.close()
 

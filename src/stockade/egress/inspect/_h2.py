@@ -52,6 +52,10 @@ Headers = list[tuple[bytes, bytes]]
 
 _MAX_HEAD = 64 * 1024
 _MAX_STREAMS = 100
+#: a client resetting this many unfinished streams, most of those it opened, is
+#: flooding (each reset stream cost an upstream stream: the "rapid reset" attack,
+#: CVE-2023-44487); the connection is ended with GOAWAY ENHANCE_YOUR_CALM
+_MAX_RESETS = 100
 #: connection-specific fields HTTP/2 forbids (RFC 9113 8.2.2), never forwarded
 _FORBIDDEN = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
@@ -150,6 +154,8 @@ class _Session:
         self.by_uid: dict[int, _Exchange] = {}
         self._locks = (asyncio.Lock(), asyncio.Lock())
         self.closing = False
+        #: streams the client reset before their answer ended (see _MAX_RESETS)
+        self.resets = 0
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -270,6 +276,11 @@ class _Session:
         elif isinstance(event, h2.events.StreamReset):
             ex = self.streams.get(event.stream_id or 0)
             if ex is not None and not ex.done:
+                self.resets += 1
+                if self.resets > _MAX_RESETS and self.resets * 2 > self.tunnel.stats.requests:
+                    with contextlib.suppress(h2.exceptions.ProtocolError):
+                        self.c.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+                    self.closing = True
                 self._reset_upstream(ex)
                 ex.down.closed = True
                 detail = "stream reset by the client"
