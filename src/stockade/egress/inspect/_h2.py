@@ -33,6 +33,7 @@ import h2.exceptions
 import h2.settings
 
 from stockade.egress._http import refusal_parts
+from stockade.egress._rules import parse_address
 from stockade.egress.inspect._content import ContentScanner
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
 from stockade.egress.inspect._inspector import RequestPlan, RequestRecord
@@ -156,6 +157,12 @@ class _Session:
         self.closing = False
         #: streams the client reset before their answer ended (see _MAX_RESETS)
         self.resets = 0
+        #: the operator's upstream proxy the connection goes through (its URL), for events
+        self.via = ""
+        transport = self.layer.transport
+        if transport is not None and transport.upstream is not None:
+            proxy = transport.via(tunnel.host, tunnel.port, parse_address(tunnel.address))
+            self.via = proxy.url if proxy is not None else ""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -299,6 +306,9 @@ class _Session:
     def _request(self, cid: int, headers: Headers, ended: bool) -> None:
         self.tunnel.stats.requests += 1
         record = RequestRecord(host=self.tunnel.host, port=self.tunnel.port, sni=self.client.sni)
+        if self.via and self.upstream is not None:
+            # The connection was opened by a 2xx answer to its CONNECT, as a pooled one.
+            record.upstream, record.upstream_status = self.via, 200
         ex = _Exchange(cid, record, client_ended=ended)
         self.streams[cid] = ex
         try:
