@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import h2.config
 import h2.connection
@@ -34,22 +35,64 @@ import h2.settings
 
 from stockade.egress._http import refusal_parts
 from stockade.egress._rules import parse_address
+from stockade.egress.inspect._body import check_encoded_size, finish, scan, scan_encoded
 from stockade.egress.inspect._content import ContentScanner
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
-from stockade.egress.inspect._inspector import RequestPlan, RequestRecord
+from stockade.egress.inspect._inspector import Inspector, RequestPlan, RequestRecord
 from stockade.egress.inspect._rules import LAYER
 from stockade.egress.inspect._secrets import StreamReplacer
-from stockade.egress.inspect._tls import TLSStream
-from stockade.egress.inspect._tunnel import (
-    InspectingTunnel,
-    check_encoded_size,
-    finish,
-    scan,
-    scan_encoded,
-)
+from stockade.egress.inspect._tls import TLSStream, UpstreamPool
+from stockade.egress.upstream import Transport
 from stockade.policy import Decision, Reason
 
 Headers = list[tuple[bytes, bytes]]
+
+
+class _Stats(Protocol):
+    requests: int
+    refused: int
+    max_buffered: int
+
+
+class _Layer(Protocol):
+    """What the session uses of the :class:`~._tunnel.InspectLayer` (named by shape:
+    the tunnel module imports this one only when a client negotiates ``h2``)."""
+
+    @property
+    def inspector(self) -> Inspector: ...
+    @property
+    def pool(self) -> UpstreamPool: ...
+    @property
+    def h2_context(self) -> ssl.SSLContext: ...
+    @property
+    def speaks_h2(self) -> dict[tuple[str, int, str], bool]: ...
+    @property
+    def transport(self) -> Transport | None: ...
+    @property
+    def idle_timeout(self) -> float: ...
+    @property
+    def response_timeout(self) -> float: ...
+    @property
+    def max_encoded_body(self) -> int: ...
+    @property
+    def max_decoded_body(self) -> int: ...
+
+
+class InspectingTunnel(Protocol):
+    """What the session uses of the :class:`~._tunnel.InspectingTunnel` it serves."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def layer(self) -> _Layer: ...
+    @property
+    def stats(self) -> _Stats: ...
+    def emit_request(self, decision: Decision, record: RequestRecord) -> None: ...
+
 
 _MAX_HEAD = 64 * 1024
 _MAX_STREAMS = 100
@@ -370,7 +413,7 @@ class _Session:
         try:
             if ex.held is not None:
                 ex.held += data
-                check_encoded_size(self.layer, ex.plan, len(ex.held))
+                check_encoded_size(self.layer.max_encoded_body, ex.plan.encoding, len(ex.held))
                 self.c.acknowledge_received_data(flow, cid)
                 return
             assert ex.scanner is not None
@@ -396,7 +439,13 @@ class _Session:
         try:
             trailers = self.layer.inspector.trailers(ex.record, ex.trailers_in)
             if ex.held is not None:
-                scan_encoded(self.layer, ex.plan, ex.record, bytes(ex.held))
+                scan_encoded(
+                    self.layer.inspector.body_scanner(ex.plan),
+                    ex.plan.encoding,
+                    ex.record,
+                    bytes(ex.held),
+                    self.layer.max_decoded_body,
+                )
                 body, ex.held = bytes(ex.held), None
                 if not self._open_upstream(ex, end=not body and not trailers):
                     return

@@ -25,8 +25,7 @@ import contextlib
 import logging
 import socket
 import ssl
-import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,9 @@ from stockade.audit._sink import AuditCallback, AuditSink, as_sink
 from stockade.egress import _http
 from stockade.egress._rules import parse_address
 from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, parse_client_hello
+from stockade.egress.inspect._body import check_encoded_size, finish, scan, scan_encoded
+from stockade.egress.inspect._body import decode_body as decode_body
 from stockade.egress.inspect._ca import CertificateAuthority
-from stockade.egress.inspect._content import ContentScanner, Detected
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
 from stockade.egress.inspect._inspector import (
     Inspector,
@@ -48,7 +48,7 @@ from stockade.egress.inspect._inspector import (
     reported,
 )
 from stockade.egress.inspect._rules import LAYER
-from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer
+from stockade.egress.inspect._secrets import SecretStore, StreamReplacer
 from stockade.egress.inspect._tls import (
     ALPN_H2,
     ServerContexts,
@@ -390,13 +390,19 @@ class InspectingTunnel:
             if isinstance(event, h11.Data):
                 body += event.data
                 record.bytes_up += len(event.data)
-                check_encoded_size(self.layer, plan, len(body))
+                check_encoded_size(self.layer.max_encoded_body, plan.encoding, len(body))
             elif isinstance(event, h11.EndOfMessage):
                 # Checked like the rest; not forwarded (the body is re-framed whole).
                 self._trailers(plan, record, event)
                 break
         self.stats.max_buffered = max(self.stats.max_buffered, len(body))
-        scan_encoded(self.layer, plan, record, bytes(body))
+        scan_encoded(
+            self.layer.inspector.body_scanner(plan),
+            plan.encoding,
+            record,
+            bytes(body),
+            self.layer.max_decoded_body,
+        )
         return bytes(body)
 
     async def _send_request(
@@ -802,94 +808,6 @@ async def _client_alpn(
     except (ClientHelloError, TimeoutError, OSError):
         pass
     return bytes(data), ()
-
-
-def check_encoded_size(layer: InspectLayer, plan: RequestPlan, size: int) -> None:
-    """Refuse (413) a gzip/deflate body held for scanning once it passes the cap."""
-    if size > layer.max_encoded_body:
-        raise Refusal(
-            413,
-            Reason.BODY_TOO_LARGE,
-            f"{plan.encoding} body over {layer.max_encoded_body} bytes "
-            "cannot be scanned; send it uncompressed",
-        )
-
-
-def scan_encoded(
-    layer: InspectLayer, plan: RequestPlan, record: RequestRecord, body: bytes
-) -> None:
-    """Decode a whole gzip/deflate body (with a cap) and scan it (raises Refusal)."""
-    scanner = layer.inspector.body_scanner(plan)
-    try:
-        for chunk in decode_body(body, plan.encoding, layer.max_decoded_body):
-            scan(scanner, chunk, record)
-    except ValueError as exc:
-        raise Refusal(400, Reason.BAD_REQUEST, str(exc)) from None
-    except OverflowError as exc:
-        raise Refusal(413, Reason.BODY_TOO_LARGE, str(exc)) from None
-    finish(scanner, record)
-
-
-def scan(scanner: ContentScanner, data: bytes, record: RequestRecord) -> bytes:
-    try:
-        clean = scanner.feed(data)
-    except Detected as detected:
-        note_hit(record, detected.hit)
-        raise detected.hit.refusal() from None
-    except Found as found:
-        record.label = found.pattern.label
-        raise Refusal(
-            403, found.pattern.reason, f"{found.pattern.where} in the request body"
-        ) from None
-    for hit in scanner.reports:
-        note_hit(record, hit)
-    return clean
-
-
-def finish(scanner: ContentScanner, record: RequestRecord) -> bytes:
-    """The scanner's held-back bytes, searched once more as the end of the body."""
-    try:
-        rest = scanner.finish()
-    except Detected as detected:
-        note_hit(record, detected.hit)
-        raise detected.hit.refusal() from None
-    for hit in scanner.reports:
-        note_hit(record, hit)
-    return rest
-
-
-def decode_body(body: bytes, encoding: str | None, cap: int) -> Iterator[bytes]:
-    """Yield the decoded pieces of a gzip (every member) or deflate body.
-
-    Raises ValueError for a corrupt body or trailing bytes, OverflowError past ``cap``
-    decoded bytes. Every byte of ``body`` is decoded: data after a first gzip member
-    is another member (servers decode it too), never skipped.
-    """
-    # zlib-wrapped deflate is the standard; raw deflate is what some clients send.
-    wbits = (47,) if encoding == "gzip" else (15, -15)
-    total = 0
-    for attempt, bits in enumerate(wbits):
-        data = body
-        try:
-            while data:
-                decoder = zlib.decompressobj(bits)
-                while data and not decoder.eof:
-                    chunk = decoder.decompress(data, 256 * 1024)
-                    data = decoder.unconsumed_tail
-                    total += len(chunk)
-                    if total > cap:
-                        raise OverflowError(f"decoded body over {cap} bytes")
-                    if chunk:
-                        yield chunk
-                if not decoder.eof:
-                    raise ValueError(f"{encoding} body is truncated")
-                data = decoder.unused_data
-                if data and encoding != "gzip":
-                    raise ValueError("bytes after the end of the deflate body")
-            return
-        except zlib.error as exc:
-            if total or attempt + 1 == len(wbits):
-                raise ValueError(f"{encoding} body is corrupt: {exc}") from None
 
 
 def _has_body(req: h11.Request) -> bool:
