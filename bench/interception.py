@@ -28,8 +28,13 @@ credential detector and decoder on (the default), measured beside the labels-onl
 "encoded" proxy in alternating rounds, keep-alive and fresh; ``full_vs_labels_only_*`` is
 the share of requests per second kept (target >= 0.85), and the main ``inspected_*``
 proxy (detectors and decoders on by default) must stay >= 3x mitmproxy. ``scanner`` times the search alone, in this process: one
-request head, and a body streamed in 64 KiB chunks, exact vs encoded. The last line is
-JSON.
+request head, and a body streamed in 64 KiB chunks, exact vs encoded.
+
+**HTTP/2** (``http2``): an upstream speaking HTTP/2 and HTTP/1.1 (by ALPN) behind the
+default inspecting proxy; requests per second on one HTTP/2 connection (one stream at a
+time, and 10 streams in flight) beside HTTP/1.1 keep-alive on one connection, in
+alternating rounds; ``http2_vs_http1_keepalive`` is the ratio (sequential streams).
+The last line is JSON.
 
 Run: ``.venv/bin/python bench/interception.py [--quick]``.
 """
@@ -115,6 +120,145 @@ async def _upstream(cert: str, key: str, port_file: str) -> None:
     await server.serve_forever()
 
 
+async def _h2_upstream(cert: str, key: str, port_file: str) -> None:
+    """HTTP/2 (``h2`` by ALPN) answering ``ok`` to every stream, HTTP/1.1 otherwise."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if writer.get_extra_info("ssl_object").selected_alpn_protocol() != "h2":
+            buf = b""
+            while data := await reader.read(65536):
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    _, _, buf = buf.partition(b"\r\n\r\n")
+                    writer.write(RESPONSE)
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.StreamEnded):
+                    sid = event.stream_id or 0
+                    headers = [(":status", "200"), ("content-length", "2")]
+                    conn.send_headers(sid, headers)
+                    conn.send_data(sid, b"ok", end_stream=True)
+            writer.write(conn.data_to_send())
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    Path(port_file).write_text(str(server.sockets[0].getsockname()[1]))
+    await server.serve_forever()
+
+
+def measure_h2(
+    proxy_port: int, authority: str, cafile: str, *, count: int, streams: int = 1
+) -> dict[str, float]:
+    """Requests/s and p50 (ms per batch of ``streams``) of ``count`` GETs on one HTTP/2
+    connection, ``streams`` in flight at a time."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.set_alpn_protocols(["h2"])
+    tls = ctx.wrap_socket(_connect(proxy_port, authority), server_hostname=HOST)
+    if tls.selected_alpn_protocol() != "h2":
+        raise RuntimeError("the proxy did not offer h2")
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    tls.sendall(conn.data_to_send())
+    head = [(":method", "GET"), (":scheme", "https"), (":authority", authority), (":path", "/")]
+    latencies: list[float] = []
+    start = time.perf_counter()
+    done = 0
+    try:
+        while done < count:
+            t0 = time.perf_counter()
+            open_ids = set()
+            for _ in range(streams):
+                sid = conn.get_next_available_stream_id()
+                conn.send_headers(sid, head, end_stream=True)
+                open_ids.add(sid)
+            tls.sendall(conn.data_to_send())
+            while open_ids:
+                data = tls.recv(65536)
+                if not data:
+                    raise RuntimeError("connection closed mid-response")
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length or 0, event.stream_id or 0
+                        )
+                    elif isinstance(event, h2.events.StreamEnded):
+                        open_ids.discard(event.stream_id)
+                    elif isinstance(event, h2.events.StreamReset):
+                        raise RuntimeError("stream reset")
+                out = conn.data_to_send()
+                if out:
+                    tls.sendall(out)
+            latencies.append(time.perf_counter() - t0)
+            done += streams
+    finally:
+        tls.close()
+    elapsed = time.perf_counter() - start
+    return {
+        "rps": round(done / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "n": done,
+    }
+
+
+def http2_rounds(
+    port: int, authority: str, bundle: Path, upstream_ca: Path, count: int, rounds: int
+) -> Any:
+    """HTTP/2 (sequential and 10 in flight) and HTTP/1.1 keep-alive through one proxy,
+    and both straight to the upstream (the baseline: the HTTP/2 upstream is a Python
+    ``h2`` server, slower than the canned HTTP/1.1 answer), rounds alternating; each
+    ratio is the median of the per-round ratios."""
+    modes = ("h2", "h2_x10", "http1", "h2_direct", "http1_direct")
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    p50: dict[str, list[float]] = {m: [] for m in modes}
+
+    def one(mode: str, n: int) -> dict[str, float]:
+        via, cafile = (0, str(upstream_ca)) if mode.endswith("_direct") else (port, str(bundle))
+        if mode.startswith("http1"):
+            return measure(via, authority, HOST, authority, cafile, fresh=False, count=n,
+                           seconds=30)  # fmt: skip
+        return measure_h2(via, authority, cafile, count=n, streams=10 if "x10" in mode else 1)
+
+    for mode in modes:
+        one(mode, 20)  # warm-up
+    for i in range(rounds):
+        for mode in modes if i % 2 == 0 else tuple(reversed(modes)):
+            got = one(mode, count)
+            rps[mode].append(got["rps"])
+            p50[mode].append(got["p50_ms"])
+    out: dict[str, Any] = {
+        m: {
+            "rps": round(statistics.median(rps[m]), 1),
+            "p50_ms": round(statistics.median(p50[m]), 3),
+        }
+        for m in modes
+    }
+
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(x / y for x, y in zip(rps[a], rps[b], strict=True)), 3)
+
+    out["ratio_h2_vs_http1"] = ratio("h2", "http1")
+    out["ratio_h2_x10_vs_http1"] = ratio("h2_x10", "http1")
+    # What the proxy keeps of each protocol's direct throughput.
+    out["kept_h2_vs_direct"] = ratio("h2", "h2_direct")
+    out["kept_http1_vs_direct"] = ratio("http1", "http1_direct")
+    return out
+
+
 async def _stockade(
     upstream_port: int, ca_file: str, bundle: str, port_file: str, labels: str = "none"
 ) -> None:
@@ -190,6 +334,12 @@ class _Done(Exception):
 
 
 def _connect(proxy_port: int, authority: str) -> socket.socket:
+    """A tunnel to ``authority`` through the proxy; ``proxy_port`` 0: straight to the
+    upstream (the baseline), by the port in ``authority``."""
+    if not proxy_port:
+        sock = socket.create_connection(("127.0.0.1", int(authority.rpartition(":")[2])))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     sock = socket.create_connection(("127.0.0.1", proxy_port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
@@ -476,10 +626,15 @@ def labels_rounds(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["upstream", "stockade"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=["upstream", "h2upstream", "stockade"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--args", nargs="*", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--mitm-venv", default="/tmp/stockade-mitm-venv")
+    parser.add_argument(
+        "--http2-only", action="store_true", help="only the HTTP/2 vs HTTP/1.1 comparison"
+    )
     parser.add_argument(
         "--labels-only",
         action="store_true",
@@ -488,6 +643,9 @@ def main() -> None:
     ns = parser.parse_args()
     if ns.role == "upstream":
         asyncio.run(_upstream(*ns.args))
+        return
+    if ns.role == "h2upstream":
+        asyncio.run(_h2_upstream(*ns.args))
         return
     if ns.role == "stockade":
         a = ns.args
@@ -520,6 +678,19 @@ def main() -> None:
         up = spawn("upstream", str(cert), str(key), str(work / "up.port"))
         up_port = _wait_port(work / "up.port", up)
         authority = f"{HOST}:{up_port}"
+        # HTTP/2 beside HTTP/1.1 keep-alive, one connection each, through one proxy.
+        h2up = spawn("h2upstream", str(cert), str(key), str(work / "h2up.port"))
+        h2_port = _wait_port(work / "h2up.port", h2up)
+        h2_bundle = work / "bundle-h2.pem"
+        proc = spawn("stockade", str(h2_port), str(ca_file), str(h2_bundle),
+                     str(work / "st-h2.port"))  # fmt: skip
+        st_h2 = _wait_port(work / "st-h2.port", proc)
+        results["http2"] = http2_rounds(
+            st_h2, f"{HOST}:{h2_port}", h2_bundle, ca_file, label_n, max(label_rounds // 3, 3)
+        )
+        results["http2_vs_http1_keepalive"] = results["http2"]["ratio_h2_vs_http1"]
+        if ns.http2_only:
+            raise _Done
         # The labelled-data comparison: two proxies, same ten values, same run.
         label_ports: dict[str, int] = {}
         label_bundles: dict[str, Path] = {}
@@ -640,7 +811,7 @@ def main() -> None:
         ),
         "full_vs_labels_only_fresh>=0.85": results.get("full_vs_labels_only_fresh", 0) >= 0.85,
     }
-    if not ns.labels_only:
+    if not (ns.labels_only or ns.http2_only):
         targets["ratio_vs_mitmproxy_keepalive>=3"] = (
             results.get("ratio_vs_mitmproxy_keepalive", 0) >= 3
         )

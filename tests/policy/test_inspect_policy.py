@@ -145,3 +145,13 @@ def test_workspace_may_add_deny_rules_and_labels(tmp_path: Path) -> None:
 def test_workspace_cannot_widen_inspect(tmp_path: Path, ws: str) -> None:
     with pytest.raises(PolicyError, match="tighten"):
         _compose(tmp_path, USER, ws)
+
+
+def test_http2_defaults_on_and_a_workspace_may_only_turn_it_off(tmp_path: Path) -> None:
+    assert _compose(tmp_path, USER, "").inspect.http2 is True  # type: ignore[attr-defined]
+    off = _compose(tmp_path, USER, "[inspect]\nhttp2 = false\n")
+    assert off.inspect.http2 is False  # type: ignore[attr-defined]
+    user_off = USER + "\n[inspect]\nhttp2 = false\n"
+    assert _compose(tmp_path, user_off, "").inspect.http2 is False  # type: ignore[attr-defined]
+    with pytest.raises(PolicyError, match="tighten"):
+        _compose(tmp_path, user_off, "[inspect]\nhttp2 = true\n")

@@ -26,6 +26,7 @@ _RECORD_HANDSHAKE = 0x16
 _HANDSHAKE_CLIENT_HELLO = 0x01
 _EXT_SERVER_NAME = 0x0000
 _EXT_ECH = 0xFE0D
+_EXT_ALPN = 0x0010
 _MAX_RECORD = 16384 + 256
 
 
@@ -45,6 +46,9 @@ class ClientHello:
     has_ech: bool
     #: The number of bytes (records) the ClientHello occupied in the stream.
     length: int
+    #: the protocols offered by ALPN, in the client's order (the inspect layer offers
+    #: HTTP/2 back only to a client that asked for it)
+    alpn: tuple[str, ...] = ()
 
 
 class _Reader:
@@ -144,6 +148,7 @@ def parse_client_hello(data: bytes | bytearray) -> ClientHello | None:
     if not reader.vector(1):
         raise ClientHelloError("empty compression method list")
     names: list[str] = []
+    alpn: list[str] = []
     has_ech = False
     if not reader.done():
         extensions = _Reader(reader.vector(2))
@@ -160,7 +165,20 @@ def parse_client_hello(data: bytes | bytearray) -> ClientHello | None:
                 has_ech = True
             elif ext_type == _EXT_SERVER_NAME:
                 names.extend(_server_names(body))
-    return ClientHello(tuple(names), has_ech, consumed)
+            elif ext_type == _EXT_ALPN:
+                alpn.extend(_protocols(body))
+    return ClientHello(tuple(names), has_ech, consumed, tuple(alpn))
+
+
+def _protocols(body: bytes) -> list[str]:
+    reader = _Reader(body)
+    entries = _Reader(reader.vector(2))
+    if not reader.done():
+        raise ClientHelloError("bytes after the ALPN protocol list")
+    out: list[str] = []
+    while not entries.done():
+        out.append(entries.vector(1).decode("ascii", "replace"))
+    return out
 
 
 def _server_names(body: bytes) -> list[str]:

@@ -1351,6 +1351,7 @@ def _inspect_table(table: Mapping[str, Any], v: _Validator) -> InspectPolicy:
         decode_limit=v.size("inspect.decode_limit", table.get("decode_limit", d.decode_limit)),
         past_limit=past,
         names=names,
+        http2=v.boolean("inspect.http2", table.get("http2", d.http2)),
     )
 
 
@@ -1398,6 +1399,8 @@ def _tighten_inspect_table(
             merged[name] = action
     if base.decode and "decode" in table and not ws.decode:
         raise v.fail("inspect.decode", False, _WIDEN_FIX)
+    if not base.http2 and "http2" in table and ws.http2:
+        raise v.fail("inspect.http2", True, _WIDEN_FIX)
     if base.past_limit == "refuse" and "past_limit" in table and ws.past_limit != "refuse":
         raise v.fail("inspect.past_limit", ws.past_limit, _WIDEN_FIX)
     return InspectPolicy(
@@ -1411,6 +1414,9 @@ def _tighten_inspect_table(
         past_limit="refuse" if "refuse" in (base.past_limit, ws.past_limit) else "scan-raw",
         # Limits only refuse names: the workspace's are added to the user's.
         names=base.names + tuple(n for n in ws.names if n not in base.names),
+        # Every HTTP/2 stream gets the HTTP/1.1 checks, so this is not a loosening; a
+        # workspace may still turn it off, never on against the user's policy.
+        http2=base.http2 and ("http2" not in table or ws.http2),
     )
 
 

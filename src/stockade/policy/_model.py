@@ -158,6 +158,8 @@ class InspectPolicy:
     past_limit: str = "scan-raw"
     #: ``(suffix, max_label, max_labels)`` for names under ``*.suffix`` (0: no limit)
     names: tuple[tuple[str, int, int], ...] = ()
+    #: offer HTTP/2 (ALPN h2) to clients of inspected hosts whose server speaks it
+    http2: bool = True
 
     def actions(self) -> dict[str, str]:
         """Every detector's action."""
@@ -434,6 +436,7 @@ class Policy:
                     {"host": f"*.{n}", "max_label": a, "max_labels": b}
                     for n, a, b in self.inspect.names
                 ],
+                "http2": self.inspect.http2,
             }
         if self.kubernetes.configured:
             data["kubernetes"] = {

@@ -156,6 +156,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "wildcard with a longer label or more labels below it are refused before any "
             "lookup (0: no limit); a workspace file may add limits",
         ),
+        "http2": Key(
+            "bool",
+            "true",
+            "offer HTTP/2 (ALPN h2) to clients of an inspected host whose server speaks it; "
+            "each stream is checked as an HTTP/1.1 request is (docs/inspect.md)",
+        ),
     },
     # --- end inspect ---
     "kubernetes": {

@@ -394,3 +394,59 @@ def test_bound_credential_to_its_own_host_is_not_a_finding(tmp_path: Path) -> No
             assert r.headers["x-stockade-reason"] == "foreign-credential"
 
     run(go())
+
+
+# -- trailers: the detectors search them as they search the head's headers ----------------
+
+
+@pytest.mark.parametrize("name", ["github_token", "aws_access_key", "jwt"])
+def test_credential_in_a_trailer_is_refused(tmp_path: Path, name: str) -> None:
+    async def go() -> None:
+        async with harness(tmp_path) as h:
+            value = CREDENTIALS[name]
+            r = await h.call(
+                "other.test", "POST", "/v1/up", body=[b"harmless"], trailers=[("x-note", value)]
+            )
+            assert r.status == 403, r.body
+            assert r.headers["x-stockade-reason"] == "credential-detected"
+            assert not h.upstream.seen(value[:16])
+            # Encoded the same (base64), it is found in the decoded view.
+            encoded = base64.b64encode(value.encode()).decode()
+            r = await h.call(
+                "other.test", "POST", "/v1/up", body=[b"x"], trailers=[("x-note", encoded)]
+            )
+            assert r.status == 403, r.body
+            await h.settle()
+            events = [e for e in h.events() if e.get("detector")]
+            assert [e["detector"] for e in events] == [name, name]
+            assert events[0]["found_in"] == "trailer x-note"
+            assert all(e["verdict"] == "deny" for e in events)
+            assert value[4:20] not in json.dumps(events)
+
+    run(go())
+
+
+def test_benign_trailer_passes_and_report_lets_a_credential_through(tmp_path: Path) -> None:
+    """The twins: a digest or a UUID in a trailer reaches the upstream, trailer and all;
+    with the detector on ``report`` a JWT trailer does too, with a ``report`` event."""
+    policy = POLICY + '\n[inspect]\ndetectors = {{ jwt = "report" }}\n'
+
+    async def go() -> None:
+        async with harness(tmp_path, policy) as h:
+            for look_alike in ("sha256", "uuid", "sha1-commit"):
+                trailer = ("x-checksum", BENIGN[look_alike].decode())
+                r = await h.call("other.test", "POST", "/v1/up", body=[b"data"], trailers=[trailer])
+                assert r.status == 200, (look_alike, r.body)
+                assert h.upstream.received[-1].trailers == dict([trailer])
+            jwt = CREDENTIALS["jwt"]
+            r = await h.call(
+                "other.test", "POST", "/v1/up", body=[b"data"], trailers=[("x-session", jwt)]
+            )
+            assert r.status == 200
+            assert h.upstream.received[-1].trailers == {"x-session": jwt}
+            await h.settle()
+            last = h.events()[-1]
+            assert last["verdict"] == "report"
+            assert last["found_in"] == "trailer x-session"
+
+    run(go())

@@ -382,7 +382,8 @@ class Inspector:
         """Check a chunked request's trailer fields as its head's headers are checked, and
         return those to forward.
 
-        Scanned for foreign secrets and labelled values like the headers. On a host with
+        Scanned for foreign secrets and labelled values like the headers, then by the
+        credential detectors (raw and decoded, as the headers are). On a host with
         a bound secret a trailer never carries a credential (the real value is injected
         in the head only, so a credential there is the sandbox's own): refused
         ``foreign-credential``. Hop-by-hop and framing fields are not forwarded.
@@ -408,6 +409,14 @@ class Inspector:
                         f"trailer {name.decode('latin-1')[:40]} carries a credential; on a "
                         "host with a bound secret only its header may carry one",
                     )
+        if scans.content:
+            # The detectors (and labels in decoded views), as on the head's headers.
+            parts = [(f"trailer {n.decode('latin-1')}", n + b": " + v) for n, v in fields]
+            hit = scans.content.search_head(parts)
+            if hit is not None:
+                note_hit(record, hit)
+                if hit.action == "deny":
+                    raise hit.refusal()
         return end_to_end(fields, drop=(b"host", b"content-length", b"content-encoding"))
 
 

@@ -1,7 +1,8 @@
 """TLS for the inspect layer: the proxy's server side, the verified upstream side, a pool.
 
 * :class:`ServerContexts` — one server ``SSLContext`` per intercepted host, holding the
-  leaf the CA minted for it (ALPN: ``http/1.1`` only, since only HTTP/1.1 is parsed);
+  leaf the CA minted for it (ALPN ``http/1.1``; ``h2`` too for a tunnel whose upstream
+  speaks HTTP/2, when ``[inspect] http2`` allows it: :mod:`._h2`);
   its ``sni_callback`` records the name the client asked for so the tunnel can check
   it against the CONNECT authority.
 * :func:`upstream_context` — a client context that verifies the real server against
@@ -33,6 +34,8 @@ from stockade.egress.upstream import dial
 
 _READ = 256 * 1024
 ALPN = ["http/1.1"]
+#: offered where HTTP/2 may be spoken (the client, and the upstream it is relayed to)
+ALPN_H2 = ["h2", "http/1.1"]
 _SNI_ATTR = "stockade_sni"
 
 
@@ -51,7 +54,7 @@ class ServerContexts:
         self.size = size
         # The shared leaf key is loaded from memory; ``load_cert_chain`` wants a path.
         self._key_fd = _memfd("stockade-leaf-key", ca.leaf_key_pem)
-        self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._contexts: OrderedDict[tuple[str, bool], ssl.SSLContext] = OrderedDict()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -59,21 +62,23 @@ class ServerContexts:
         with contextlib.suppress(OSError):
             os.close(self._key_fd)
 
-    def get(self, host: str) -> ssl.SSLContext:
-        """The server context for ``host``; built (and its leaf minted) on first use."""
+    def get(self, host: str, *, h2: bool = False) -> ssl.SSLContext:
+        """The server context for ``host`` (offering ALPN ``h2`` too when ``h2``); built
+        (and its leaf minted) on first use."""
+        key = (host, h2)
         with self._lock:
-            ctx = self._contexts.get(host)
+            ctx = self._contexts.get(key)
             if ctx is not None:
-                self._contexts.move_to_end(host)
+                self._contexts.move_to_end(key)
                 return ctx
-        ctx = self._build(host)
+        ctx = self._build(host, ALPN_H2 if h2 else ALPN)
         with self._lock:
-            self._contexts[host] = ctx
+            self._contexts[key] = ctx
             while len(self._contexts) > self.size:
                 self._contexts.popitem(last=False)
         return ctx
 
-    def _build(self, host: str) -> ssl.SSLContext:
+    def _build(self, host: str, alpn: list[str]) -> ssl.SSLContext:
         leaf = self.ca.leaf(host)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -82,7 +87,7 @@ class ServerContexts:
             ctx.load_cert_chain(f"/proc/self/fd/{fd}", f"/proc/self/fd/{self._key_fd}")
         finally:
             os.close(fd)
-        ctx.set_alpn_protocols(ALPN)
+        ctx.set_alpn_protocols(alpn)
 
         def record_sni(obj: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object) -> None:
             # Only recorded here: the tunnel compares it with the CONNECT authority and
@@ -93,9 +98,12 @@ class ServerContexts:
         return ctx
 
 
-def upstream_context(cafile: Path | None = None, extra: Sequence[Path] = ()) -> ssl.SSLContext:
+def upstream_context(
+    cafile: Path | None = None, extra: Sequence[Path] = (), alpn: Sequence[str] = ALPN
+) -> ssl.SSLContext:
     """A client context verifying the upstream against system roots or ``cafile``, and
-    the ``extra`` bundles too (the caller's own trust: a company CA that intercepts)."""
+    the ``extra`` bundles too (the caller's own trust: a company CA that intercepts);
+    ``alpn``: the protocols offered (:data:`ALPN_H2` to ask for HTTP/2)."""
     ctx = ssl.create_default_context(cafile=str(cafile) if cafile is not None else None)
     for bundle in extra:
         try:
@@ -105,7 +113,7 @@ def upstream_context(cafile: Path | None = None, extra: Sequence[Path] = ()) -> 
             # have trusted it either. The system roots still apply.
             continue
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(ALPN)
+    ctx.set_alpn_protocols(list(alpn))
     # verify_mode CERT_REQUIRED and check_hostname come from create_default_context.
     return ctx
 
@@ -154,6 +162,11 @@ class TLSStream:
         stream = cls(sock, obj, incoming, outgoing)
         await stream._handshake()
         return stream
+
+    @property
+    def alpn(self) -> str | None:
+        """The protocol ALPN selected (``"h2"``, ``"http/1.1"``), None without ALPN."""
+        return self.obj.selected_alpn_protocol()
 
     @property
     def sni(self) -> str | None:
@@ -274,8 +287,11 @@ class UpstreamPool:
             stream.close()
         return await self.connect(host, port, address), False
 
-    async def connect(self, host: str, port: int, address: str) -> TLSStream:
-        """A new connection to ``address``:``port``, TLS verified for ``host``."""
+    async def connect(
+        self, host: str, port: int, address: str, context: ssl.SSLContext | None = None
+    ) -> TLSStream:
+        """A new connection to ``address``:``port``, TLS verified for ``host`` (with
+        ``context`` instead of the pool's: one offering HTTP/2, say)."""
         if self.opener is not None:
             sock = await self.opener(host, port, address)
         else:
@@ -284,7 +300,7 @@ class UpstreamPool:
             sock = await dial(parse_address(address), port, self.connect_timeout)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                stream = await TLSStream.client(sock, self.context, host)
+                stream = await TLSStream.client(sock, context or self.context, host)
         except BaseException:
             sock.close()
             raise

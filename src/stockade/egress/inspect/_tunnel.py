@@ -11,6 +11,11 @@ leaves), then the response streamed back through the redactor.
 
 One ``net_request`` event is written per request; a tunnel whose TLS handshake fails
 gets one ``net_intercept`` event (a client that pins certificates ends here).
+
+A client that negotiates ``h2`` by ALPN is served by :mod:`._h2` instead (imported only
+then): ``h2`` is offered when ``[inspect] http2`` allows it and the upstream itself
+speaks HTTP/2 (learnt from one connection per upstream, kept for the tunnel that made it
+when it does, given to the HTTP/1.1 pool when it does not).
 """
 
 from __future__ import annotations
@@ -20,8 +25,7 @@ import contextlib
 import logging
 import socket
 import ssl
-import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +35,10 @@ import h11
 from stockade.audit._sink import AuditCallback, AuditSink, as_sink
 from stockade.egress import _http
 from stockade.egress._rules import parse_address
+from stockade.egress._tls import MAX_CLIENT_HELLO, ClientHelloError, parse_client_hello
+from stockade.egress.inspect._body import check_encoded_size, finish, scan, scan_encoded
+from stockade.egress.inspect._body import decode_body as decode_body
 from stockade.egress.inspect._ca import CertificateAuthority
-from stockade.egress.inspect._content import ContentScanner, Detected
 from stockade.egress.inspect._http import Refusal, end_to_end, header_values
 from stockade.egress.inspect._inspector import (
     Inspector,
@@ -42,8 +48,14 @@ from stockade.egress.inspect._inspector import (
     reported,
 )
 from stockade.egress.inspect._rules import LAYER
-from stockade.egress.inspect._secrets import Found, SecretStore, StreamReplacer
-from stockade.egress.inspect._tls import ServerContexts, TLSStream, UpstreamPool, upstream_context
+from stockade.egress.inspect._secrets import SecretStore, StreamReplacer
+from stockade.egress.inspect._tls import (
+    ALPN_H2,
+    ServerContexts,
+    TLSStream,
+    UpstreamPool,
+    upstream_context,
+)
 from stockade.egress.inspect._websocket import (
     MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
@@ -136,6 +148,11 @@ class InspectLayer:
         self.transport = transport
         opener = transport.tls_socket if transport is not None and transport.upstream else None
         self.pool = UpstreamPool(upstream_context(upstream_ca, caller_trust), opener=opener)
+        #: offer HTTP/2 to clients whose upstream speaks it (``[inspect] http2``)
+        self.http2 = inspector.inspect_policy.http2
+        self.h2_context = upstream_context(upstream_ca, caller_trust, ALPN_H2)
+        #: (host, port, address) -> whether that upstream answered ALPN h2
+        self.speaks_h2: dict[tuple[str, int, str], bool] = {}
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.response_timeout = response_timeout
@@ -219,17 +236,55 @@ class InspectingTunnel:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             # Small request/response pieces must not wait for delayed ACKs (Nagle).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        upstream: TLSStream | None = None
         try:
-            stream = await self._handshake(sock, initial)
+            offer = False
+            if self.layer.http2:
+                initial, alpn = await _client_alpn(sock, initial, self.layer.handshake_timeout)
+                if "h2" in alpn:
+                    offer, upstream = await self._upstream_h2()
+            stream = await self._handshake(sock, initial, offer)
             if stream is None:
                 return self.stats
-            await self._serve(stream)
+            if stream.alpn == "h2":
+                from stockade.egress.inspect._h2 import serve_h2
+
+                await serve_h2(self, stream, upstream)
+                upstream = None
+            else:
+                await self._serve(stream)
         finally:
+            if upstream is not None:
+                upstream.close()
             sock.close()
         return self.stats
 
-    async def _handshake(self, sock: socket.socket, initial: bytes) -> TLSStream | None:
-        ctx = self.layer.contexts.get(self.host)
+    async def _upstream_h2(self) -> tuple[bool, TLSStream | None]:
+        """Whether to offer ``h2`` to a client that asked for it, and the upstream
+        connection that showed the upstream speaks it (asked once per upstream, before
+        the client's handshake completes: later tunnels know)."""
+        layer = self.layer
+        key = (self.host, self.port, self.address)
+        known = layer.speaks_h2.get(key)
+        if known is not None:
+            return known, None
+        try:
+            async with asyncio.timeout(layer.handshake_timeout):
+                upstream = await layer.pool.connect(*key, layer.h2_context)
+        except (OSError, TimeoutError, ssl.SSLError, UpstreamRefused, UpstreamUnreachable):
+            # The HTTP/1.1 path tells the client why, request by request.
+            return False, None
+        speaks = upstream.alpn == "h2"
+        layer.speaks_h2[key] = speaks
+        if speaks:
+            return True, upstream
+        layer.pool.release(*key, upstream)
+        return False, None
+
+    async def _handshake(
+        self, sock: socket.socket, initial: bytes, h2: bool = False
+    ) -> TLSStream | None:
+        ctx = self.layer.contexts.get(self.host, h2=h2)
         fields: dict[str, Any] = {"host": self.host, "port": self.port}
         try:
             async with asyncio.timeout(self.layer.handshake_timeout):
@@ -335,27 +390,19 @@ class InspectingTunnel:
             if isinstance(event, h11.Data):
                 body += event.data
                 record.bytes_up += len(event.data)
-                if len(body) > self.layer.max_encoded_body:
-                    raise Refusal(
-                        413,
-                        Reason.BODY_TOO_LARGE,
-                        f"{plan.encoding} body over {self.layer.max_encoded_body} bytes "
-                        "cannot be scanned; send it uncompressed",
-                    )
+                check_encoded_size(self.layer.max_encoded_body, plan.encoding, len(body))
             elif isinstance(event, h11.EndOfMessage):
                 # Checked like the rest; not forwarded (the body is re-framed whole).
                 self._trailers(plan, record, event)
                 break
         self.stats.max_buffered = max(self.stats.max_buffered, len(body))
-        scanner = self.layer.inspector.body_scanner(plan)
-        try:
-            for chunk in decode_body(bytes(body), plan.encoding, self.layer.max_decoded_body):
-                _scan(scanner, chunk, record)
-        except ValueError as exc:
-            raise Refusal(400, Reason.BAD_REQUEST, str(exc)) from None
-        except OverflowError as exc:
-            raise Refusal(413, Reason.BODY_TOO_LARGE, str(exc)) from None
-        _finish(scanner, record)
+        scan_encoded(
+            self.layer.inspector.body_scanner(plan),
+            plan.encoding,
+            record,
+            bytes(body),
+            self.layer.max_decoded_body,
+        )
         return bytes(body)
 
     async def _send_request(
@@ -414,14 +461,14 @@ class InspectingTunnel:
             event = await _next(client, stream, self.layer.idle_timeout)
             if isinstance(event, h11.Data):
                 record.bytes_up += len(event.data)
-                clean = _scan(scanner, bytes(event.data), record)
+                clean = scan(scanner, bytes(event.data), record)
                 self.stats.max_buffered = max(
                     self.stats.max_buffered, len(event.data) + scanner.keep
                 )
                 if clean:
                     await _send(up, upstream, h11.Data(data=clean))
             elif isinstance(event, h11.EndOfMessage):
-                rest = _finish(scanner, record)
+                rest = finish(scanner, record)
                 if rest:
                     await _send(up, upstream, h11.Data(data=rest))
                 trailers = self._trailers(plan, record, event)
@@ -487,7 +534,7 @@ class InspectingTunnel:
             if not started:
                 refusal = Refusal(502, Reason.UPSTREAM_FAILED, f"upstream response: {exc}")
                 return await self._refuse(client, stream, record, refusal, drain=False)
-            self._emit(
+            self.emit_request(
                 Decision.deny(LAYER, Reason.UPSTREAM_FAILED, record.rule, f"response cut: {exc}"),
                 record,
             )
@@ -498,7 +545,7 @@ class InspectingTunnel:
             upstream.close()
         if redactor.replaced:
             record.detail = f"redacted {redactor.replaced} echoed secret value(s)"
-        self._emit(plan.decision, record)
+        self.emit_request(plan.decision, record)
         return True
 
     # -- WebSocket ---------------------------------------------------------------------
@@ -571,7 +618,7 @@ class InspectingTunnel:
         finally:
             upstream.close()
         record.detail = record.detail or f"websocket closed after {gate.messages} message(s)"
-        self._emit(ended[0] if ended else plan.decision, record)
+        self.emit_request(ended[0] if ended else plan.decision, record)
         return False
 
     async def _relay_frames(
@@ -663,7 +710,7 @@ class InspectingTunnel:
                 else:
                     await _send(client, stream, h11.EndOfMessage())
                     break
-        self._emit(
+        self.emit_request(
             Decision.allow(LAYER, record.rule, "WebSocket upgrade declined upstream"), record
         )
         return False
@@ -700,7 +747,7 @@ class InspectingTunnel:
                 keep = False
         else:
             keep = False
-        self._emit(Decision.deny(LAYER, refusal.reason, record.rule, refusal.detail), record)
+        self.emit_request(Decision.deny(LAYER, refusal.reason, record.rule, refusal.detail), record)
         return keep
 
     async def _drain(self, client: h11.Connection, stream: TLSStream) -> bool:
@@ -726,7 +773,8 @@ class InspectingTunnel:
             return False
         return False
 
-    def _emit(self, decision: Decision, record: RequestRecord) -> None:
+    def emit_request(self, decision: Decision, record: RequestRecord) -> None:
+        """Write a request's (or an HTTP/2 stream's) ``net_request`` event."""
         decision = reported(decision, record)
         fields = record.fields()
         if record.detail and not decision.detail:
@@ -737,66 +785,29 @@ class InspectingTunnel:
 # -- helpers -------------------------------------------------------------------------------
 
 
-def _scan(scanner: ContentScanner, data: bytes, record: RequestRecord) -> bytes:
+async def _client_alpn(
+    sock: socket.socket, initial: bytes, timeout: float
+) -> tuple[bytes, tuple[str, ...]]:
+    """The ClientHello's bytes (``initial`` and what more had to be read of it) and the
+    protocols it offers by ALPN; ``()`` when it cannot be read (the handshake that
+    follows then fails or goes on as HTTP/1.1)."""
+    data = bytearray(initial)
+    loop = asyncio.get_running_loop()
     try:
-        clean = scanner.feed(data)
-    except Detected as detected:
-        note_hit(record, detected.hit)
-        raise detected.hit.refusal() from None
-    except Found as found:
-        record.label = found.pattern.label
-        raise Refusal(
-            403, found.pattern.reason, f"{found.pattern.where} in the request body"
-        ) from None
-    for hit in scanner.reports:
-        note_hit(record, hit)
-    return clean
-
-
-def _finish(scanner: ContentScanner, record: RequestRecord) -> bytes:
-    """The scanner's held-back bytes, searched once more as the end of the body."""
-    try:
-        rest = scanner.finish()
-    except Detected as detected:
-        note_hit(record, detected.hit)
-        raise detected.hit.refusal() from None
-    for hit in scanner.reports:
-        note_hit(record, hit)
-    return rest
-
-
-def decode_body(body: bytes, encoding: str | None, cap: int) -> Iterator[bytes]:
-    """Yield the decoded pieces of a gzip (every member) or deflate body.
-
-    Raises ValueError for a corrupt body or trailing bytes, OverflowError past ``cap``
-    decoded bytes. Every byte of ``body`` is decoded: data after a first gzip member
-    is another member (servers decode it too), never skipped.
-    """
-    # zlib-wrapped deflate is the standard; raw deflate is what some clients send.
-    wbits = (47,) if encoding == "gzip" else (15, -15)
-    total = 0
-    for attempt, bits in enumerate(wbits):
-        data = body
-        try:
-            while data:
-                decoder = zlib.decompressobj(bits)
-                while data and not decoder.eof:
-                    chunk = decoder.decompress(data, 256 * 1024)
-                    data = decoder.unconsumed_tail
-                    total += len(chunk)
-                    if total > cap:
-                        raise OverflowError(f"decoded body over {cap} bytes")
-                    if chunk:
-                        yield chunk
-                if not decoder.eof:
-                    raise ValueError(f"{encoding} body is truncated")
-                data = decoder.unused_data
-                if data and encoding != "gzip":
-                    raise ValueError("bytes after the end of the deflate body")
-            return
-        except zlib.error as exc:
-            if total or attempt + 1 == len(wbits):
-                raise ValueError(f"{encoding} body is corrupt: {exc}") from None
+        async with asyncio.timeout(timeout):
+            while True:
+                hello = parse_client_hello(data)
+                if hello is not None:
+                    return bytes(data), hello.alpn
+                if len(data) > MAX_CLIENT_HELLO + 1024:
+                    break
+                more = await loop.sock_recv(sock, 65536)
+                if not more:
+                    break
+                data += more
+    except (ClientHelloError, TimeoutError, OSError):
+        pass
+    return bytes(data), ()
 
 
 def _has_body(req: h11.Request) -> bool:
