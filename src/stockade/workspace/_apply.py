@@ -15,7 +15,7 @@ Never applied, and listed as refused with the reason:
   itself: these run code on the host later;
 - anything below a symlink (every directory on the way is opened with ``O_NOFOLLOW``),
   and a symlink that leads out of the workspace, except to the system's programs and
-  libraries (:data:`LINK_TARGETS_OUTSIDE`, for a virtualenv's interpreter);
+  libraries (:data:`stockade.policy._tables.LINK_TARGETS_OUTSIDE`, for a virtualenv's interpreter);
 - a special file (device, FIFO, socket); setuid, setgid bits are dropped.
 """
 
@@ -31,7 +31,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from stockade._record import asdict, record
-from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED, SYSTEM_PATHS
+from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED, LINK_TARGETS_OUTSIDE
 from stockade.workspace._changes import Change, is_opaque, is_whiteout, scan
 from stockade.workspace._diff import selected
 from stockade.workspace._layer import Layer, LayerError
@@ -238,15 +238,6 @@ def _lstat_at(fd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-#: Where a symlink leading out of the workspace may point: the system's programs and
-#: libraries (a virtualenv's ``bin/python`` -> ``/usr/bin/python3``). Not ``/etc``, not a
-#: home directory, not /tmp: a host tool that later writes through such a link would
-#: write there.
-LINK_TARGETS_OUTSIDE: tuple[str, ...] = tuple(
-    p for p in SYSTEM_PATHS if p.startswith(("/usr", "/bin", "/sbin", "/lib", "/opt"))
-)
 
 
 def _escapes(workspace: str, rel: str, target: str) -> bool:
