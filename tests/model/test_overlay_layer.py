@@ -64,9 +64,7 @@ def test_apply_refuses_a_symlink_leading_out_and_applies_one_inside_or_to_the_sy
 def test_the_layer_covers_the_workspace_alone(boundary: Boundary) -> None:
     # a write elsewhere (or through a link resolving elsewhere) is the other layers' call
     assert boundary.stops("overlay", write("/etc/profile.d/x.sh")) is None
-    through = Action(
-        "l", Kind.FILE_WRITE, str(WS / "docs" / "n"), False, resolved="/home/u/.ssh/x"
-    )
+    through = Action("l", Kind.FILE_WRITE, str(WS / "docs" / "n"), False, resolved="/home/u/.ssh/x")
     assert boundary.stops("overlay", through) is None
     assert boundary.stops("files", through) == Reason.PATH_NOT_GRANTED
     for kind in (Kind.FILE_READ, Kind.ENV_READ, Kind.PROCESS_SURVIVE):
