@@ -164,7 +164,7 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
     layout = scenarios.Layout(Path("/nonexistent-probe-world"))
     sc = scenarios.build("extended", layout)
     seen = {a.id for a in sc.actions}
-    writes = [a for a in scenarios.build("overlay", layout).actions if a.id not in seen]
+    ws_writes = [a for a in scenarios.build("overlay", layout).actions if a.id not in seen]
     residual_actions = [
         replace(
             a,
@@ -173,7 +173,7 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
             # A resource attack is always just past this policy's own cap.
             amount=policy.limits.file_size + 1 if a.kind is Kind.RESOURCE else a.amount,
         )
-        for a in (*sc.actions, *writes)
+        for a in (*sc.actions, *ws_writes)
     ]
     for entry in policy.network.allow:
         host = entry.split(":")[0].replace("*", "any")
