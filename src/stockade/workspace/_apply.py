@@ -117,15 +117,20 @@ def record_base(layer: Layer, **also: Any) -> None:
     """
     meta = layer.meta
     t0 = int(meta.get("started_coarse_ns", 0))
-    base: dict[str, Any] = dict(layer.base or {})
+    recorded = layer.base
+    base: dict[str, Any] = dict(recorded or {})
     workspace = str(layer.workspace)
     # Every name the upper layer holds (and, below an opaque directory, every name it
     # hides): a superset of the changes' paths, found without reading any content, so
     # the end of a run that wrote 10,000 files costs one lstat per file here.
-    for rel in _layer_paths(str(layer.upper), workspace):
+    paths = _layer_paths(str(layer.upper), workspace)
+    for rel in paths:
         if rel not in base:
             base[rel] = _host_state(os.path.join(workspace, rel), t0)
-    layer.write_base(base)
+    if paths or recorded is not None:
+        # A run that changed nothing has nothing to record (a write saved at the end of
+        # every such run); a later run of the layer, or apply, records what it finds.
+        layer.write_base(base)
     if also:
         layer.update(**also)
 
