@@ -9,7 +9,9 @@ whose speed drifts):
   back (``tar x`` then ``grep -r``), read-write vs overlay (target: <= 1.10x);
 
 then, once: ``changes`` and ``apply`` of 10,000 files the run added, and of 10,000 files
-it modified (seconds), and a checkpoint and a rollback of a layer of 10,000 files. The last line is one JSON object with the figures and ratios.
+it modified (seconds), each beside ``cp -a`` of the same tree on the same file system
+(before and after the apply, the mean; target: apply within 2x of it), and a checkpoint
+and a rollback of a layer of 10,000 files. The last line is one JSON object with the figures and ratios.
 STOCKADE_BENCH_N sets the rounds of the start-up pair (default 20), STOCKADE_BENCH_ROUNDS
 those of the file-heavy pair (default 3).
 """
@@ -85,6 +87,15 @@ def main() -> int:
                 check=True,
             )
 
+        def cp_a_ws() -> float:
+            """``cp -a`` of the workspace's tree (what apply wrote), timed."""
+            dest = root / "cp-a"
+            t = time.perf_counter()
+            subprocess.run(["cp", "-a", str(ws / "tree"), str(dest)], check=True)
+            took = time.perf_counter() - t
+            shutil.rmtree(dest)
+            return took
+
         def drop_layers() -> None:
             from stockade.workspace import Layer
 
@@ -140,9 +151,20 @@ def main() -> int:
         rollback_s = time.perf_counter() - t
         restock.join()
         assert len(scan(layer)) == len(added)
+
+        def cp_a() -> float:
+            dest = root / "cp-a"
+            t = time.perf_counter()
+            subprocess.run(["cp", "-a", str(Path(layer.upper) / "tree"), str(dest)], check=True)
+            took = time.perf_counter() - t
+            shutil.rmtree(dest)
+            return took
+
+        cp_before = cp_a()
         t = time.perf_counter()
         outcomes = apply(layer)
         apply_added = time.perf_counter() - t
+        cp_added = (cp_before + cp_a_ws()) / 2
         assert len(added) == len(outcomes)
         assert all(o.action == "applied" for o in outcomes)
         drop_layers()
@@ -159,9 +181,11 @@ def main() -> int:
         t = time.perf_counter()
         modified = scan(layer)
         changes_modified = time.perf_counter() - t
+        cp_before = cp_a()
         t = time.perf_counter()
         outcomes = apply(layer)
         apply_modified = time.perf_counter() - t
+        cp_modified = (cp_before + cp_a_ws()) / 2
         assert sum(c.kind == "modified" for c in modified) == FILES
         assert all(o.action == "applied" for o in outcomes)
 
@@ -175,9 +199,11 @@ def main() -> int:
         )
         print(
             f"changes of {len(added)} added files   {changes_added:.2f} s, apply {apply_added:.2f} s"
+            f" (cp -a {cp_added:.2f} s, ratio {apply_added / cp_added:.2f}, target <= 2)"
         )
         print(
             f"changes of {len(modified)} modified files {changes_modified:.2f} s, apply {apply_modified:.2f} s"
+            f" (cp -a {cp_modified:.2f} s, ratio {apply_modified / cp_modified:.2f}, target <= 2)"
         )
         print(
             json.dumps(
@@ -190,8 +216,12 @@ def main() -> int:
                     "workload_ratio": round(ratio_work, 3),
                     "changes_added_s": round(changes_added, 3),
                     "apply_added_s": round(apply_added, 3),
+                    "cp_a_added_s": round(cp_added, 3),
+                    "apply_added_ratio": round(apply_added / cp_added, 3),
                     "changes_modified_s": round(changes_modified, 3),
                     "apply_modified_s": round(apply_modified, 3),
+                    "cp_a_modified_s": round(cp_modified, 3),
+                    "apply_modified_ratio": round(apply_modified / cp_modified, 3),
                     "checkpoint_s": round(checkpoint_s, 3),
                     "rollback_ms": round(rollback_s * 1000, 2),
                     "files": FILES,

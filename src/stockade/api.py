@@ -86,6 +86,10 @@ def _policy(
         raise ValueError(f"unknown layer {unknown[0]!r}; layers are {', '.join(LAYERS)}")
     if disable:
         loaded = replace(loaded, layers=loaded.layers.without(*disable))
+    if loaded.filesystem.overlay and not loaded.layers.overlay:
+        # The overlay layer switched off: the workspace is read-write, as the policy's
+        # [layers] overlay = false makes it (policy/_load.py).
+        loaded = replace(loaded, filesystem=replace(loaded.filesystem, overlay=False))
     return loaded
 
 
@@ -121,7 +125,9 @@ def with_env(policy: Policy, set_env: Mapping[str, str] | None) -> Policy:
 
 
 def _with_overlay(policy: Policy, overlay: bool) -> Policy:
-    if not overlay:
+    if not overlay or not policy.layers.overlay:
+        # overlay=True with the overlay layer disabled: the layer's switch wins, as for
+        # a policy's mode = "overlay".
         return policy
     return replace(policy, filesystem=replace(policy.filesystem, overlay=True))
 

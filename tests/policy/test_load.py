@@ -25,7 +25,10 @@ def test_builtin_default_is_workspace_rw_no_network(home: Path) -> None:
         "egress",
         "inspect",
         "limits",
+        # on by default, acting only on a workspace in mode = "overlay" (off here)
+        "overlay",
     )
+    assert not p.filesystem.overlay
     assert p.sources == ("built-in",)
     assert p.limits.memory == 4 * 1024**3
 

@@ -93,3 +93,31 @@ def test_explain_says_which_layer_stops_each_attack_under_each_runtime(tmp_path:
     assert "container runtime: gvisor" in text
     assert "host-kernel" in text
     assert "nothing stops it" in text
+
+
+def test_explain_knows_the_overlay_workspace(tmp_path: Path) -> None:
+    from stockade.cli.explain import analyse
+    from stockade.policy import load_policy
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'[filesystem]\nworkspace = {{ path = "{ws}", mode = "overlay" }}\n')
+    data = analyse(load_policy(policy, workspace=ws))
+    assert data["workspace_mode"] == "overlay"
+    residual = {r["action"] for r in data["residual"]}
+    assert not {"tamper-ci", "link-out", "hook-approved"} & residual
+    by_backend = {d["action"]: d for d in data["by_backend"]}
+    assert by_backend["tamper-ci"]["bubblewrap"] == ["overlay"]
+    assert by_backend["tamper-ci"]["gvisor"] == []
+    gv = analyse(load_policy(policy, workspace=ws), "gvisor")
+    assert ("overlay workspace under gvisor", "overlay") in {
+        (e["kind"], e["value"]) for e in gv["exceptions"]
+    }
+    # the twin: a read-write workspace lets the edit of the CI configuration through
+    policy.write_text(f'[filesystem]\nworkspace = "{ws}"\n')
+    rw = analyse(load_policy(policy, workspace=ws))
+    assert rw["workspace_mode"] == "read-write"
+    open_ = {r["action"] for r in rw["residual"]}
+    assert {"tamper-ci", "link-out"} <= open_
+    assert "hook-approved" not in open_  # the container keeps the protected set read-only

@@ -541,3 +541,18 @@ def test_a_real_workload_gives_the_same_result_after_apply(world: World) -> None
         "run", "--", "sh", "-c", ".venv/bin/python -m unittest -q 2>&1 | tail -1", timeout=120
     )
     assert again.stdout.strip() == "OK", again.stdout + again.stderr
+
+
+def test_the_overlay_layer_switched_off_gives_a_read_write_workspace(world: World) -> None:
+    _populate(world.workspace)
+    off = world.stockade(
+        "run", "--overlay", "--disable", "overlay", "--", "sh", "-c", "echo off > a.txt"
+    )
+    assert off.returncode == 0, off.stderr
+    assert (world.workspace / "a.txt").read_text() == "off\n"
+    assert "overlay run" not in off.stderr
+    # the twin: with the layer on, the write stays in the layer
+    on = world.stockade("run", "--overlay", "--", "sh", "-c", "echo on > a.txt")
+    assert on.returncode == 0, on.stderr
+    assert (world.workspace / "a.txt").read_text() == "off\n"
+    assert "a.txt" in changes_of(world, "root" if os.getuid() == 0 else "nobody", run_id_of(on))

@@ -4,7 +4,8 @@ Static: nothing is run. For each allowed destination it lists the effects that r
 (download; upload, i.e. which methods an inspected host still accepts; a bound
 credential), flags destinations that accept writes as exfiltration channels, lists the
 policy's deliberate exceptions with a risk note each, and gives the residual the model
-predicts for the extended scenario's attacks under this policy. The container's runtime
+predicts for the extended scenario's attacks (and the overlay scenario's writes into the
+workspace) under this policy. The container's runtime
 is the policy's ``[container] backend`` (or ``--backend``); for each attack where the
 runtime makes a difference (a system call the host kernel would parse, Landlock's part,
 a user namespace) it says which layers stop it under each runtime.
@@ -158,9 +159,12 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
                     "risk": "the real value is inside the sandbox and can be sent anywhere open",
                 }
             )
-    # The residual: the extended scenario's attacks re-aimed at this policy's workspace.
+    # The residual: the extended scenario's attacks, and the overlay scenario's writes
+    # into the workspace (what a person commits later), re-aimed at this policy's workspace.
     layout = scenarios.Layout(Path("/nonexistent-probe-world"))
     sc = scenarios.build("extended", layout)
+    seen = {a.id for a in sc.actions}
+    ws_writes = [a for a in scenarios.build("overlay", layout).actions if a.id not in seen]
     residual_actions = [
         replace(
             a,
@@ -169,7 +173,7 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
             # A resource attack is always just past this policy's own cap.
             amount=policy.limits.file_size + 1 if a.kind is Kind.RESOURCE else a.amount,
         )
-        for a in sc.actions
+        for a in (*sc.actions, *ws_writes)
     ]
     for entry in policy.network.allow:
         host = entry.split(":")[0].replace("*", "any")
@@ -193,6 +197,15 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
                 "value": "container",
                 "risk": "refused: stockade will not run gvisor without its container "
                 "(nor fall back to the host kernel)",
+            }
+        )
+    if fs.overlay and boundary.backend != "bubblewrap":
+        exceptions.append(
+            {
+                "kind": f"overlay workspace under {boundary.backend}",
+                "value": "overlay",
+                "risk": "refused: stockade runs an overlay workspace on bubblewrap only "
+                "(exit 125, never a read-write workspace instead)",
             }
         )
     ev = evaluate(boundary, residual_actions, layers.active())
@@ -220,6 +233,8 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
         "policy": list(policy.sources),
         "backend": boundary.backend,
         "layers": list(layers.active()),
+        # overlay: the run's writes are reviewed before they reach the real workspace
+        "workspace_mode": "overlay" if fs.overlay else "read-write",
         "destinations": destinations,
         "exceptions": exceptions,
         "residual": residual,
@@ -238,7 +253,7 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     print(
         f"policy: {', '.join(data['policy'])}; layers on: {', '.join(data['layers'])}; "
-        f"container runtime: {data['backend']}"
+        f"container runtime: {data['backend']}; workspace: {data['workspace_mode']}"
     )
     print("\ndestinations:")
     if not data["destinations"]:
@@ -257,7 +272,7 @@ def execute(args: argparse.Namespace) -> int:
         print("  none")
     for e in data["exceptions"]:
         print(f"  {e['kind']}: {e['value']}\n      risk: {e['risk']}")
-    print("\nresidual (the model, on the extended scenario's attacks):")
+    print("\nresidual (the model, on the extended and overlay scenarios' attacks):")
     if not data["residual"]:
         print("  nothing gets through")
     for r in data["residual"]:

@@ -329,6 +329,9 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         )
     if getattr(args, "overlay", False):
         policy = replace(policy, filesystem=replace(policy.filesystem, overlay=True))
+    if policy.filesystem.overlay and not policy.layers.overlay:
+        # --disable overlay: the workspace is read-write (as [layers] overlay = false)
+        policy = replace(policy, filesystem=replace(policy.filesystem, overlay=False))
     approval, channel = _approval(args, policy, command)
     if approval is False:
         return EXIT_STOCKADE_ERROR

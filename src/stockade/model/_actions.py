@@ -84,6 +84,10 @@ class Action:
     public). A request's scheme is the one of its ``target`` URL. ``routes`` are the ways
     a network action is tried (the strongest attacker tries both); ``labelled`` says the
     request carries data the policy labels.
+
+    ``approved`` says that the person reviewing an overlay run's changes applies this
+    write (``stockade apply``); an unapproved write stays in the run's layer. ``link_to``
+    marks a write that makes a symlink at ``target`` pointing at ``link_to``.
     """
 
     id: str
@@ -101,6 +105,8 @@ class Action:
     amount: int = 0
     routes: tuple[Route, ...] = (Route.DIRECT, Route.PROXY)
     labelled: bool = False
+    approved: bool = False
+    link_to: str = ""
 
     @property
     def paths_out(self) -> tuple[Route | None, ...]:

@@ -62,6 +62,13 @@ limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every pro
            the pids cap holds only in a cgroup (``cgroup``: one can be made here)
 =========  ====================================================================
 
+The ``overlay`` layer acts only on a workspace in ``mode = "overlay"`` and only under
+``bubblewrap`` (the runtime refuses an overlay under ``gvisor`` and ``landlock``, and
+without the container or files layer: such a run never starts). A write to the
+workspace then lands in the run's layer: it reaches the real workspace only when the
+person reviewing applies it (:attr:`~stockade.model.Action.approved`), and apply
+refuses a protected path and a symlink leading out of the workspace even then.
+
 ``auto`` is judged as what it may become at worst: ``landlock`` when the policy allows
 degrading (``allow_degraded``), ``bubblewrap`` otherwise.
 """
@@ -69,6 +76,7 @@ degrading (``allow_degraded``), ``bubblewrap`` otherwise.
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -82,7 +90,13 @@ from stockade.policy._hosts import ip_literal, normalize_host
 from stockade.policy._inspect import REFUSED_METHODS, InspectScope
 from stockade.policy._model import BACKENDS
 from stockade.policy._network import EgressRules, parse_address
-from stockade.policy._tables import BASE_ENV_NAMES, DEFAULT_PROTECTED, SYSTEM_PATHS, SYSTEM_SECRETS
+from stockade.policy._tables import (
+    BASE_ENV_NAMES,
+    DEFAULT_PROTECTED,
+    LINK_TARGETS_OUTSIDE,
+    SYSTEM_PATHS,
+    SYSTEM_SECRETS,
+)
 
 _LC = re.compile(r"^LC_[A-Z]+$")
 
@@ -505,3 +519,31 @@ class Boundary:
         if cap is None or not cap[0]:
             return None
         return cap[1] if action.amount > cap[0] else None
+
+    # -- overlay: the run's writes kept in a layer, applied after review ---------------
+
+    def _overlay(self, action: Action, route: Route | None = None) -> Reason | None:
+        fs = self.policy.filesystem
+        if action.kind is not Kind.FILE_WRITE or not fs.overlay or self.backend != "bubblewrap":
+            # Under gvisor and landlock the runtime refuses an overlay workspace (exit
+            # 125): no run has one there, so the layer stops nothing a run can do.
+            return None
+        ws = str(fs.workspace)
+        path = action.file_path
+        if not _within(path, ws):
+            # Only the workspace is overlaid; a write elsewhere is the other layers'.
+            return None
+        if not action.approved:
+            # The write lands in the run's layer; the real workspace sees it only once a
+            # person applies it (stockade apply), and the review leaves it out.
+            return Reason.NOT_APPLIED
+        if self._protected(path):
+            # Listed as refused by apply, whatever the reviewer chose (workspace/_apply).
+            return Reason.PATH_PROTECTED
+        if action.link_to:
+            # as apply judges a link: its target resolved lexically from its directory
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), action.link_to))
+            if not _within_any(resolved, (ws, *LINK_TARGETS_OUTSIDE)):
+                # apply refuses a symlink that leads out of the workspace
+                return Reason.PATH_NOT_GRANTED
+        return None

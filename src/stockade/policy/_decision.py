@@ -90,6 +90,8 @@ class Reason(enum.StrEnum):
     LIMIT_PIDS = "limit-pids"
     LIMIT_FILE_SIZE = "limit-file-size"
     LIMIT_CPU = "limit-cpu"
+    # overlay: a write to an overlay workspace stays in the run's layer until applied
+    NOT_APPLIED = "not-applied"
     # a decision that lets an action through
     ALLOWED = "allowed"
 

@@ -732,7 +732,10 @@ def _build_checked(
     )
 
     policy = Policy(
-        filesystem=FilesystemPolicy(workspace, read, write, deny, protect, overlay),
+        # The overlay layer switched off leaves a workspace in mode "overlay" read-write.
+        filesystem=FilesystemPolicy(
+            workspace, read, write, deny, protect, overlay and layers.overlay
+        ),
         env=EnvPolicy(tuple(passes), env_set),
         network=NetworkPolicy(
             allow, ndeny, hosts, tls_ports, rules, upstream_ca, transparent, upstream

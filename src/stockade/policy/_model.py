@@ -28,6 +28,7 @@ LAYERS: tuple[str, ...] = (
     "egress",
     "inspect",
     "limits",
+    "overlay",
 )
 
 
@@ -313,6 +314,8 @@ class LayersPolicy:
     egress: bool = True
     inspect: bool = True
     limits: bool = True
+    #: acts only on a workspace in ``mode = "overlay"``; off, that workspace is read-write
+    overlay: bool = True
 
     def active(self) -> tuple[str, ...]:
         """Names of the layers that are on, in canonical order."""

@@ -188,6 +188,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("egress", "no network but the stockade proxy, which allows listed hosts only"),
             ("inspect", "TLS interception, request rules, credential binding, data labels"),
             ("limits", "pids, memory, file size, CPU and wall time"),
+            (
+                "overlay",
+                'a workspace in mode = "overlay" keeps the run\'s writes for review; '
+                "off, that workspace is read-write",
+            ),
         )
     },
     # Toolchain presets (policy/_presets.py): expanded into network.allow, request rules,

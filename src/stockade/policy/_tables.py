@@ -23,6 +23,15 @@ SYSTEM_PATHS: tuple[str, ...] = (
     "/sys/devices/system/cpu",
 )
 
+#: Where a symlink an overlay run made may lead out of the workspace and still be applied:
+#: the system's programs and libraries (a virtualenv's ``bin/python`` ->
+#: ``/usr/bin/python3``). Not ``/etc``, not a home directory, not /tmp: a host tool that
+#: later writes through such a link would write there. ``stockade apply`` refuses any
+#: other; the model's overlay layer reads the same table.
+LINK_TARGETS_OUTSIDE: tuple[str, ...] = tuple(
+    p for p in SYSTEM_PATHS if p.startswith(("/usr", "/bin", "/sbin", "/lib", "/opt"))
+)
+
 #: System files that hold secrets of the host (readable by root outside): masked inside.
 SYSTEM_SECRETS: tuple[str, ...] = (
     "/etc/shadow",

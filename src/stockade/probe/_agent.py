@@ -53,6 +53,14 @@ def op_write(step: Plan) -> str:
     return "written"
 
 
+def op_symlink(step: Plan) -> str:
+    os.makedirs(os.path.dirname(step["path"]), exist_ok=True)
+    if os.path.lexists(step["path"]):
+        os.unlink(step["path"])
+    os.symlink(step["to"], step["path"])
+    return "linked"
+
+
 def op_env(step: Plan) -> str:
     value = os.environ.get(step["name"])
     if value != step["expect"]:
@@ -297,6 +305,7 @@ def op_cmsg(step: Plan) -> dict[str, Any]:
 OPS: dict[str, Any] = {
     "read": op_read,
     "write": op_write,
+    "symlink": op_symlink,
     "env": op_env,
     "daemon": op_daemon,
     "http": op_http,

@@ -7,6 +7,12 @@ force in this build (a namespace, a seccomp mode, a refused control read, a prox
 layer without evidence is reported as not enforceable and left out of the subsets, never
 assumed.
 
+The ``overlay`` layer needs the container and files layers (the runtime refuses an
+overlay workspace without them, :data:`REQUIRES`): the subsets that hold it without both
+are not run. After an overlay run the probe acts as the person reviewing: it applies the
+changes of the actions marked ``approved`` with ``stockade apply``'s own function, then
+discards the layer, and only then judges what reached the host.
+
 The container's runtime is chosen per probe (``backend``): every run of the probe uses
 it, and the model judges with it. Under ``gvisor`` the container is held on in every run
 (:data:`FIXED`): runsc cannot run without it (the runtime refuses, rather than run on the
@@ -26,7 +32,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +73,17 @@ FIXED: dict[str, dict[str, str]] = {
     },
     "landlock": {},
 }
+
+
+#: A layer the runtime runs only beside others (it refuses it alone, fail closed).
+REQUIRES: dict[str, tuple[str, ...]] = {"overlay": ("container", "files")}
+
+
+def runnable(layers: Sequence[str]) -> bool:
+    """True when the runtime accepts ``layers`` together (see :data:`REQUIRES`)."""
+    return all(
+        all(need in layers for need in needs) for lay, needs in REQUIRES.items() if lay in layers
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +285,20 @@ def _landlock_scopes() -> bool:
 
 
 def _run(
-    w: World, policy: Policy, env: dict[str, str], argv: Sequence[str], layers: Sequence[str]
+    w: World,
+    policy: Policy,
+    env: dict[str, str],
+    argv: Sequence[str],
+    layers: Sequence[str],
+    approve: Sequence[str] = (),
+    on_layer: Callable[[Path], None] | None = None,
 ) -> tuple[int, str, float]:
+    """Run ``argv`` with ``layers`` on: (exit code, stdout or ``!`` and the error, seconds).
+
+    An overlay run's layer is settled at once: ``on_layer`` (when given) sees it first,
+    then the workspace-relative ``approve`` paths are applied (as a reviewer would) and
+    the layer is discarded.
+    """
     disable = [lay for lay in LAYERS if lay not in layers]
     start = time.perf_counter()
     result = stockade_run(
@@ -282,6 +311,10 @@ def _run(
         timeout=RUN_TIMEOUT,
     )
     elapsed = time.perf_counter() - start
+    if result.layer is not None:
+        if on_layer is not None:
+            on_layer(result.layer)
+        _settle(result.layer, approve, policy)
     out = (result.stdout or b"").decode(errors="replace")
     err = (result.stderr or b"").decode(errors="replace")
     if result.returncode != 0 and not out.strip():
@@ -289,6 +322,71 @@ def _run(
         err = err.strip().splitlines()[-1] if err.strip() else f"exit {result.returncode}"
         return result.returncode, f"!{err}", elapsed
     return result.returncode, out, elapsed
+
+
+def _settle(root: Path, approve: Sequence[str], policy: Policy) -> None:
+    """Apply ``approve`` from the overlay layer at ``root`` (refusals are apply's), then
+    throw the layer away."""
+    from stockade import workspace
+
+    layer = workspace.Layer(root)
+    try:
+        if approve:
+            workspace.apply(layer, tuple(approve), protect=policy.filesystem.protect)
+    finally:
+        layer.discard()
+
+
+def _overlay_check(
+    w: World, scenario: scenarios.Scenario, fixed: tuple[str, ...] = ()
+) -> LayerBuild:
+    """Run with the overlay (and the container and files it needs) on: did a workspace
+    write stay in the layer, and does apply bring it to the host?"""
+    ws = scenario.policy.filesystem.workspace
+    policy = replace(scenario.policy, filesystem=replace(scenario.policy.filesystem, overlay=True))
+    name = f".probe-overlay-{uuid.uuid4().hex[:8]}"
+    target = ws / name
+    step = {"op": "write", "id": "overlay", "path": str(target), "data": w.canary}
+    seen: dict[str, bool] = {}
+
+    def held(root: Path) -> None:
+        from stockade import workspace
+
+        listed = any(c.path == name for c in workspace.changes(workspace.Layer(root)))
+        seen["held"] = listed and not target.exists()
+
+    (ws / PLAN_NAME).write_text(json.dumps({"steps": [step]}))
+    try:
+        _, out, _ = _run(
+            w,
+            policy,
+            w.caller_env(scenario.env),
+            [_python(), AGENT_NAME, PLAN_NAME],
+            canonical(("overlay", *REQUIRES["overlay"], *fixed)),
+            approve=(name,),
+            on_layer=held,
+        )
+        seen["applied"] = target.exists() and w.canary in target.read_text(errors="replace")
+    except StockadeError as exc:
+        return LayerBuild("overlay", False, f"the run was refused: {exc}")
+    finally:
+        with contextlib.suppress(OSError):
+            target.unlink()
+    if out.startswith("!"):
+        return LayerBuild("overlay", False, f"the run was refused: {out[1:]}")
+    if seen.get("held") and seen.get("applied"):
+        return LayerBuild(
+            "overlay",
+            True,
+            "a workspace write stayed in the run's layer (the host file absent, the "
+            "change listed) and reached the host once applied",
+        )
+    return LayerBuild(
+        "overlay",
+        False,
+        "a workspace write under the overlay "
+        + ("reached the host before apply" if not seen.get("held") else "was not applied"),
+    )
 
 
 def _inspect_check(
@@ -385,6 +483,8 @@ def capabilities(
     facts: dict[str, dict[str, Any] | str] = {}
     env = w.caller_env(scenario.env)
     for layer in LAYERS:
+        if layer in REQUIRES:
+            continue  # never run alone: judged by its own check below
         try:
             code, out, _ = _run(
                 w,
@@ -508,6 +608,7 @@ def capabilities(
         f"RLIMIT_FSIZE = {want} inside",
         f"RLIMIT_FSIZE = {get('limits', 'rlimit_fsize')} inside, policy says {want}",
     )
+    out_builds["overlay"] = _overlay_check(w, scenario, fixed)
     return {layer: out_builds[layer] for layer in LAYERS}
 
 
@@ -521,8 +622,14 @@ def _run_subset(
     steps = [{**s.attempt, "id": s.action.id, "address": s.action.address} for s in sc.steps]
     ws = sc.policy.filesystem.workspace
     (ws / PLAN_NAME).write_text(json.dumps({"steps": steps}))
+    # The reviewer applies what it approves (the overlay's own refusals are apply's).
+    approve = tuple(
+        str(Path(s.action.target).relative_to(ws))
+        for s in sc.steps
+        if s.action.approved and Path(s.action.target).is_relative_to(ws)
+    )
     code, out, seconds = _run(
-        w, sc.policy, w.caller_env(sc.env), [_python(), AGENT_NAME, PLAN_NAME], layers
+        w, sc.policy, w.caller_env(sc.env), [_python(), AGENT_NAME, PLAN_NAME], layers, approve
     )
     inside: dict[str, dict[str, Any]] = {}
     for line in out.splitlines():
@@ -589,7 +696,12 @@ def _measure_cost(
     def once_ms(active: Sequence[str], policy: Policy = scenario.policy) -> float:
         return _run(w, policy, env, ["true"], active)[2] * 1000
 
-    once_ms(layers)  # warm caches (launcher build, page cache) before timing
+    fs = scenario.policy.filesystem
+    # The overlay's share is measured on an overlay workspace even when the scenario has
+    # none (then "every layer on" is without it, as the scenario's runs are).
+    with_overlay = replace(scenario.policy, filesystem=replace(fs, overlay=True))
+    counted = layers if fs.overlay else tuple(x for x in layers if x != "overlay")
+    once_ms(counted)  # warm caches (launcher build, page cache) before timing
     # No layer at all: no container, so no runtime either (gvisor would refuse it).
     bare_policy = on_backend(scenario, "bubblewrap").policy
     baseline = statistics.median(once_ms((), bare_policy) for _ in range(repeat))
@@ -597,19 +709,27 @@ def _measure_cost(
     cost: dict[str, float | None] = {}
     spread: dict[str, float | None] = {}
     for layer in LAYERS:
-        if layer in layers and layer not in fixed:
-            with_layer: list[float] = []
-            without: list[float] = []
-            for _ in range(repeat):
-                # In turns: each pair sees the machine in the same state.
-                with_layer.append(once_ms(layers))
-                without.append(once_ms([x for x in layers if x != layer]))
-            on_samples += with_layer
-            cost[layer], spread[layer] = layer_cost(with_layer, without)
-        else:
+        if layer not in layers or layer in fixed:
             cost[layer] = spread[layer] = None
+            continue
+        top, top_policy = counted, scenario.policy
+        if layer == "overlay" and not fs.overlay:
+            top, top_policy = layers, with_overlay
+        elif not runnable([x for x in counted if x != layer]):
+            # A layer the overlay needs: measured with the overlay off on both sides.
+            top = tuple(x for x in counted if layer not in REQUIRES.get(x, ()))
+        rest = [x for x in top if x != layer]
+        with_layer: list[float] = []
+        without: list[float] = []
+        for _ in range(repeat):
+            # In turns: each pair sees the machine in the same state.
+            with_layer.append(once_ms(top, top_policy))
+            without.append(once_ms(rest))
+        if top == counted and top_policy is scenario.policy:
+            on_samples += with_layer
+        cost[layer], spread[layer] = layer_cost(with_layer, without)
     if not on_samples:
-        on_samples = [once_ms(layers) for _ in range(repeat)]
+        on_samples = [once_ms(counted) for _ in range(repeat)]
     return baseline, statistics.median(on_samples), cost, spread
 
 
@@ -619,7 +739,8 @@ def _backend_cost(
     """Start-up of ``true`` under each runtime with the same layers on (the container's
     among them: it is what the runtime builds); gvisor is None when runsc is not usable."""
     env = w.caller_env(scenario.env)
-    active = canonical(("container", *layers))
+    # The runtimes compared on the layers both run: gvisor and landlock refuse an overlay.
+    active = canonical(("container", *(x for x in layers if x != "overlay")))
     out: dict[str, float | None] = {}
     for backend in BACKENDS:
         if backend == "gvisor" and not runsc:
@@ -701,6 +822,8 @@ def probe(
         )
         if all(build[lay].enforceable for lay in fixed):
             for subset in subsets(report.measured_layers):
+                if not runnable((*subset, *fixed)):
+                    continue  # the runtime refuses it (REQUIRES): nothing to measure
                 report.runs.append(
                     _run_subset(w, scenario, canonical((*subset, *fixed)), scopes, backend)
                 )

@@ -13,6 +13,7 @@ _ABBREV = {
     "egress": "E",
     "inspect": "I",
     "limits": "L",
+    "overlay": "O",
 }
 
 

@@ -211,6 +211,11 @@ class World:
                 return mark in path.read_text(errors="replace")
             except OSError:
                 return False
+        if how == "host_link":
+            try:
+                return os.readlink(action.target) == action.link_to
+            except OSError:
+                return False
         if how == "process":
             return bool(self.find_processes(mark))
         if how == "fixture":
@@ -252,7 +257,7 @@ class World:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         for step in scenario.steps:
-            if step.judge == "host_file":
+            if step.judge in ("host_file", "host_link"):
                 with contextlib.suppress(OSError):
                     Path(step.action.target).unlink()
 

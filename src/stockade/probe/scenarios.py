@@ -21,7 +21,14 @@ Judges, by who can see the outcome:
     the recording server NAME received the nonce (or, for ``api``, the attacker's key);
 ``kernel``
     the agent's call was answered and the kernel that answered it is the host's: the
-    release, version and boot id it reports inside are the host's own.
+    release, version and boot id it reports inside are the host's own;
+``host_link``
+    the host path named by the action is a symlink to the action's ``link_to``.
+
+Under the ``overlay`` scenario the workspace is in ``mode = "overlay"``: the judge looks
+at the host after the probe, as the person reviewing, applied the changes of the
+actions marked ``approved`` (the needed write, and two the reviewer is fooled into
+approving) and discarded the rest.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ FILE_SIZE_LIMIT = 1024 * 1024
 #: The workspace file whose values the extended scenario labels (``[labels]``).
 LABELLED_FILE = ".env"
 
-SCENARIOS = ("seed", "extended")
+SCENARIOS = ("seed", "extended", "overlay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +230,8 @@ def _seed_steps(lo: Layout) -> list[Step]:
                 str(ws / "build" / "out.txt"),
                 True,
                 "write a workspace file",
+                # under the overlay, the reviewer applies the write the task needs
+                approved=True,
             ),
             {
                 "op": "write",
@@ -507,8 +516,67 @@ def _encoded_label_step(lo: Layout) -> Step:
     )
 
 
+def overlay_policy(layout: Layout) -> Policy:
+    """The scenario policy with the workspace in ``mode = "overlay"``."""
+    base = scenario_policy(layout)
+    return replace(base, filesystem=replace(base.filesystem, overlay=True))
+
+
+def _overlay_steps(lo: Layout) -> list[Step]:
+    """What a compromised dependency writes into the workspace for a person to commit
+    later, and what a fooled reviewer would let through at apply."""
+    ws = lo.workspace
+    tag = lo.nonce
+    return [
+        Step(
+            Action(
+                "tamper-ci",
+                Kind.FILE_WRITE,
+                str(ws / ".github" / "workflows" / "ci.yml"),
+                False,
+                "edit the CI configuration (committed later by a person)",
+            ),
+            {
+                "op": "write",
+                "path": str(ws / ".github" / "workflows" / "ci.yml"),
+                "data": f"# {tag}:tamper-ci\non: push\n",
+            },
+            "host_file",
+        ),
+        Step(
+            Action(
+                "hook-approved",
+                Kind.FILE_WRITE,
+                str(ws / ".husky" / "pre-commit"),
+                False,
+                "write a commit hook the reviewer approves (a protected path)",
+                approved=True,
+            ),
+            {
+                "op": "write",
+                "path": str(ws / ".husky" / "pre-commit"),
+                "data": f"#!/bin/sh\n# {tag}:hook-approved\n",
+            },
+            "host_file",
+        ),
+        Step(
+            Action(
+                "link-out",
+                Kind.FILE_WRITE,
+                str(ws / "tools" / "cache"),
+                False,
+                "plant a symlink to ~/.ssh the reviewer approves (a host tool writes there)",
+                approved=True,
+                link_to=str(lo.home / ".ssh"),
+            ),
+            {"op": "symlink", "path": str(ws / "tools" / "cache"), "to": str(lo.home / ".ssh")},
+            "host_link",
+        ),
+    ]
+
+
 def build(name: str, layout: Layout) -> Scenario:
-    """Build scenario ``name`` (``seed`` or ``extended``) for ``layout``."""
+    """Build scenario ``name`` (``seed``, ``extended`` or ``overlay``) for ``layout``."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; scenarios are {', '.join(SCENARIOS)}")
     steps = _seed_steps(layout)
@@ -516,6 +584,9 @@ def build(name: str, layout: Layout) -> Scenario:
     if name == "extended":
         steps += _extended_steps(layout)
         policy = extended_policy(layout)
+    elif name == "overlay":
+        steps += _overlay_steps(layout)
+        policy = overlay_policy(layout)
     env = {
         "GH_TOKEN": layout.canary,
         "NPM_TOKEN": layout.canary,

@@ -31,8 +31,14 @@ def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailabl
             "run it with --backend bubblewrap, or without --overlay",
         )
     if gvisor:
+        # Measured with runsc release-20240729.0: runsc's --overlay2 keeps its upper
+        # layer in a memory-backed file of its own format (no review can read it), and
+        # the Sentry's own overlayfs, mounted inside, refuses an upper directory on a
+        # host (gofer) mount with EINVAL: it takes a tmpfs upper only, which dies with
+        # the sandbox. Neither leaves a layer on the host to review and apply.
         return Unavailable(
-            "an overlay workspace with the gVisor backend",
+            "an overlay workspace with the gVisor backend (gVisor's overlay keeps its "
+            "upper layer inside the sandbox, where no review can read it)",
             "run it with --backend bubblewrap, or without --overlay",
         )
     if not layers.container:

@@ -15,6 +15,7 @@ them (overlayfs in a user namespace has no ``redirect_dir``: ``mv`` copies those
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import stat
@@ -135,6 +136,11 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
+#: Whether scan reads each file's head to flag binary files (``Change.binary``); apply
+#: does not need the flag, and 10,000 reads are a good part of a scan's time.
+_SNIFF: contextvars.ContextVar[bool] = contextvars.ContextVar("stockade_scan_sniff", default=True)
+
+
 def is_binary(path: str) -> bool:
     """Whether the file's first 8 KiB hold a NUL byte or are not UTF-8."""
     try:
@@ -187,7 +193,7 @@ def _entry(
         else None,
         mode=stat.S_IMODE(st.st_mode),
         old_mode=stat.S_IMODE(lower.st_mode) if lower is not None and kind != "added" else None,
-        binary=t == "file" and is_binary(full),
+        binary=t == "file" and _SNIFF.get() and is_binary(full),
         target=os.readlink(full) if t == "symlink" else None,
     )
 
@@ -200,7 +206,7 @@ def _deleted(rel: str, full: str, st: os.stat_result) -> Change:
         type=t,
         old_size=st.st_size if t == "file" else None,
         old_mode=stat.S_IMODE(st.st_mode),
-        binary=t == "file" and is_binary(full),
+        binary=t == "file" and _SNIFF.get() and is_binary(full),
     )
 
 
@@ -218,12 +224,17 @@ def _lower_tree(lower: str, rel: str, out: list[Change]) -> None:
         out.append(_deleted(sub, entry.path, st))
 
 
-def scan(layer: Layer, workspace: Path | None = None) -> list[Change]:
+def scan(layer: Layer, workspace: Path | None = None, *, sniff: bool = True) -> list[Change]:
     """The changes in ``layer`` against ``workspace`` (default: the layer's own), sorted
-    by path; renames paired up."""
+    by path; renames paired up. ``sniff=False`` leaves ``binary`` False (no file read
+    for it)."""
     root = str(workspace if workspace is not None else layer.workspace)
     out: list[Change] = []
-    _scan_dir(str(layer.upper), root, "", out)
+    token = _SNIFF.set(sniff)
+    try:
+        _scan_dir(str(layer.upper), root, "", out)
+    finally:
+        _SNIFF.reset(token)
     return _pair_renames(out, str(layer.upper), root)
 
 

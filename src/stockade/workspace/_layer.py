@@ -49,9 +49,12 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     # Atomic: a reader (or a run killed mid-write) sees the old or the new file. No
     # fsync: it would cost every overlay run a disk flush, and the file is a record of
     # the layer beside it, which a crash of the machine loses alike.
+    # One line, by the C encoder: json.dump with an indent encodes in Python, seconds
+    # for the base record of 10,000 paths.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.write(text)
     os.replace(tmp, path)
 
 
