@@ -8,7 +8,7 @@ re-interprets a spelling.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from stockade._hash import sha256_hex
@@ -29,6 +29,11 @@ LAYERS: tuple[str, ...] = (
     "inspect",
     "limits",
 )
+
+#: the policy reader behind :meth:`Policy.load` (:func:`stockade.policy._load.load_policy`):
+#: ``_load`` builds on this module and registers it here when imported, which the package
+#: does before anything can hold a Policy; this module never imports ``_load`` back
+_loader: Callable[..., Policy] | None = None
 
 
 @record
@@ -363,9 +368,9 @@ class Policy:
     @classmethod
     def load(cls, path: str | Path | None = None, *, workspace: str | Path | None = None) -> Policy:
         """Load and validate a policy file (or the default search order when ``path`` is None)."""
-        from stockade.policy._load import load_policy
-
-        return load_policy(
+        if _loader is None:  # pragma: no cover - the package imports _load first
+            raise RuntimeError("stockade.policy._load was not imported")
+        return _loader(
             Path(path) if path is not None else None,
             workspace=Path(workspace) if workspace is not None else None,
         )
