@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,43 @@ def test_check_plan_is_what_run_does(world: World, text: str) -> None:
     assert human.returncode == 0, human.stderr
     assert "argv                    sh -c 'exit 0'" in human.stdout
     assert f"cwd                     {start['cwd']}" in human.stdout
+
+
+def test_the_planned_bubblewrap_is_the_one_that_runs(world: World) -> None:
+    """The plan's bwrap, toolchain binds and working directory, read from the running
+    bubblewrap's /proc entry (its executable and command line)."""
+    shown = world.stockade("check", "--json", "--plan", "--", "sleep", "30")
+    assert shown.returncode == 0, shown.stderr
+    planned = json.loads(shown.stdout)
+    proc = subprocess.Popen(
+        [*world.command, "run", "--", "sleep", "30"],
+        cwd=world.workspace,
+        env=world.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        bwrap = None
+        deadline = time.monotonic() + 30
+        while bwrap is None and time.monotonic() < deadline and proc.poll() is None:
+            for task in os.listdir(f"/proc/{proc.pid}/task"):
+                with contextlib.suppress(OSError):
+                    for pid in Path(f"/proc/{proc.pid}/task/{task}/children").read_text().split():
+                        if os.readlink(f"/proc/{pid}/exe") == planned["tools"]["bwrap"]:
+                            bwrap = pid
+            time.sleep(0.05)
+        assert bwrap is not None, "no bubblewrap process appeared"
+        argv = Path(f"/proc/{bwrap}/cmdline").read_bytes().split(b"\0")[:-1]
+        args = [a.decode() for a in argv]
+        for path in planned["container"]["toolchains"]:
+            at = args.index(path)
+            assert args[at - 1] == "--ro-bind"
+            assert args[at + 1] == path
+        workspace = planned["container"]["workspace"]
+        assert ["--bind", workspace, workspace] == args[
+            args.index(workspace) - 1 : args.index(workspace) + 2
+        ]
+        assert args[args.index("--chdir") + 1] == planned["cwd"]
+    finally:
+        proc.terminate()  # forwarded to the command; stockade cleans up and ends
+        proc.wait(timeout=60)
