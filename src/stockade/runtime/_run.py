@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from stockade import _roots
-from stockade._exceptions import EXIT_NOT_FOUND, EXIT_TIMEOUT, Unavailable
+from stockade._exceptions import EXIT_NOT_FOUND, EXIT_TIMEOUT
 from stockade._record import replace
 from stockade.audit import AuditLog
-from stockade.enforce import bubblewrap, environment, paths
+from stockade.enforce import bubblewrap, environment
 from stockade.policy import Decision, Policy, Reason, Verdict
 from stockade.policy._tables import SYSTEM_PATHS
-from stockade.runtime import _audit_guard, _cgroup, _host, _newrepo, _placeholders
+from stockade.runtime import _audit_guard, _cgroup, _mounts, _newrepo, _placeholders
 from stockade.runtime._handshake import BwrapHandshake, bwrap_started, explain_bwrap_failure
 from stockade.runtime._plan import RunPlan, launcher_spec, plan, resolve_command
 from stockade.runtime._request import RunRequest, RunResult
@@ -145,9 +145,8 @@ def _execute(
     #: the landlock backend's run (None under bubblewrap or gVisor)
     ll: Any = None
 
-    protection = paths.Protection((), (), ())
-    claim: _placeholders.Claim | None = None
-    staged: _newrepo.Staged | None = None
+    #: what the run claimed and staged on the host, released or adopted at the end
+    held = _mounts.Held()
     overlay_layer: Any = None
     returncode = 0
     timed_out = False
@@ -191,7 +190,7 @@ def _execute(
                     Decision(Verdict.REPORT, "secrets", Reason.CREDENTIAL_ENV, detail=name),
                     name=name,
                 )
-            deny, toolchains, narrowed = plan.deny, plan.toolchains, plan.narrowed
+            deny, narrowed = plan.deny, plan.narrowed
             trust = _trust_paths(env_plan.env, (*deny.dirs, *deny.files), audit)
             for item in narrowed:
                 audit.emit(
@@ -205,115 +204,17 @@ def _execute(
             terminal = plan.terminal
             use_pty = terminal.interactive
             use_launcher = plan.use_launcher
-            if layers.container and not landlock:
-                claim = _placeholders.Claim(default_audit_dir().parent, workspace, audit.run_id)
-                launcher_binds = (
-                    layers.files and use_launcher and runsc is None and _host.mount_api()
-                )
-                # When the launcher binds, the placeholders are first needed once the
-                # sandbox is let go: with a handshake, they are made while bubblewrap
-                # starts (BwrapHandshake.release).
-                writable_ws = os.access(workspace, os.W_OK)
-                defer = launcher_binds and handshake and writable_ws
-                protection = claim.protect(workspace, fs.protect, defer=defer, writable=fs.write)
-                guard = paths.guard_trust_roots(narrowed)
-                # No repository yet: .git is the run's own directory inside, adopted
-                # (sanitized) when the run is over, so `git init` works (_newrepo).
-                # An overlay run adopts nothing behind the review: its .git stays protected.
-                staged = (
-                    _newrepo.stage(workspace, tmp.path) if writable_ws and not fs.overlay else None
-                )
-                if staged is not None:
-                    claim.record_placeholder(staged.target)
-                    protection = _without(protection, staged.target)
-                sockets, complete = paths.workspace_sockets(workspace)
-                for sock in sockets:
-                    audit.emit(
-                        "denied",
-                        layer="container",
-                        verdict="deny",
-                        reason="path-denied",
-                        detail=f"unix socket {sock} in the workspace is masked",
-                        path=str(sock),
-                    )
-                if not complete:
-                    audit.emit(
-                        "layer_note",
-                        layer="container",
-                        verdict="report",
-                        reason="path-denied",
-                        detail=f"the search for unix sockets in the workspace stopped after "
-                        f"{paths.SOCKET_SCAN_BUDGET_S:g}s; sockets deeper down are not masked",
-                    )
-                container = bubblewrap.ContainerPlan(
-                    workspace=workspace,
-                    home=home,
-                    read=(*fs.read, *trust),
-                    write=fs.write,
-                    toolchains=toolchains,
-                    masked_files=(*deny.files, *sockets),
-                    masked_dirs=(*deny.dirs, *guard.masked),
-                    protected=(*protection.existing, *guard.protected),
-                    pinned=tuple(
-                        sorted(
-                            set(protection.pinned) | set(guard.pinned), key=lambda p: len(p.parts)
-                        )
-                    ),
-                    # The launcher binds in a mount namespace of its own: bwrap's init
-                    # keeps the old one, which Landlock keeps out of reach (_launcher.c).
-                    launcher_binds=launcher_binds,
-                    share_net=not layers.egress,
-                    cwd=cwd,
-                    files=tuple(egress_plan.files) if egress_plan else (),
-                    staged=((staged.inner, staged.target),) if staged is not None else (),
-                    tmp=request.tmp,
-                )
-                child_env = env_plan.env
-            else:
-                if narrowed and (ll is None or not layers.files):
-                    # Without a mount namespace nothing can hold them read-only but a split
-                    # Landlock grant (the landlock backend's, files layer on). Refuse
-                    # rather than let the sandbox rewrite stockade.
-                    raise Unavailable(
-                        f"keeping {narrowed[0].describe()} without the container layer",
-                        "keep the container layer on, or narrow the grant",
-                    )
-                if deny.files or deny.dirs:
-                    # Landlock only grants; hiding a path inside a granted area needs the
-                    # container's masks. Refuse rather than expose a denied file.
-                    raise Unavailable(
-                        f"filesystem.deny without the container layer (matches {(*deny.files, *deny.dirs)[0]})",
-                        "keep the container layer on, or remove the deny entries that match",
-                    )
-                if ll is not None:
-                    # No mount namespace: Landlock keeps the protected paths (files layer).
-                    claim = ll.protect(workspace, caller_env)
-                else:
-                    audit.emit(
-                        "layer_note",
-                        layer="container",
-                        verdict="report",
-                        reason="path-protected",
-                        detail="protected paths (.git/hooks, .claude/, ...) need the container layer; they are writable in this run",
-                    )
-                # Without the container the command sees the host's file system; it
-                # gets scratch HOME and TMPDIR so that well-behaved tools stay inside
-                # what the files layer grants.
-                (tmp.path / "home").mkdir()
-                (tmp.path / "tmp").mkdir()
-                child_env = dict(env_plan.env)
-                child_env["HOME"] = str(tmp.path / "home")
-                child_env["TMPDIR"] = str(request.tmp or tmp.path / "tmp")
-                container = bubblewrap.ContainerPlan(
-                    workspace=workspace,
-                    home=home,
-                    toolchains=toolchains,
-                    isolate=False,
-                    cwd=cwd,
-                    read=trust,
-                    files=tuple(egress_plan.files) if egress_plan else (),
-                    tmp=request.tmp,
-                )
+            container, child_env = _mounts.prepare(
+                plan,
+                request,
+                held,
+                audit,
+                tmp,
+                env_plan.env,
+                trust,
+                tuple(egress_plan.files) if egress_plan else (),
+                ll,
+            )
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
             if plan.overlay:
@@ -398,8 +299,9 @@ def _execute(
                 else None
             )
             placeholders = (
-                functools.partial(claim.make, protection)
-                if claim is not None and (protection.pending_dirs or protection.pending_files)
+                functools.partial(held.claim.make, held.protection)
+                if held.claim is not None
+                and (held.protection.pending_dirs or held.protection.pending_files)
                 else None
             )
             if handshake:
@@ -503,14 +405,14 @@ def _execute(
                     ll.close()
                 if own_plan and egress_plan is not None:
                     egress_plan.close()
-                if staged is not None:
-                    _adopt_repository(staged, claim, audit, report)
+                if held.staged is not None:
+                    _adopt_repository(held.staged, held.claim, audit, report)
                 if overlay_layer is not None:
                     from stockade.runtime import _overlay
 
                     _overlay.end(overlay_layer, returncode)
     finally:
-        left = claim.release() if claim is not None else []
+        left = held.claim.release() if held.claim is not None else []
         for path in left:
             audit.decision(
                 "denied",
@@ -613,22 +515,6 @@ def _gvisor_launcher(
 
     spec = launcher_spec(policy, plan, scratch, ctty, gvisor=gvisor, cgroup=cgroup)
     return launcher.build_launcher(), launcher.serialize(spec)
-
-
-def _without(protection: paths.Protection, top: Path) -> paths.Protection:
-    """``protection`` less everything at or below ``top`` (a staged ``.git``: inside it
-    is the run's own directory, not the host's)."""
-
-    def keep(items: tuple[Path, ...]) -> tuple[Path, ...]:
-        return tuple(p for p in items if not (p == top or top in p.parents))
-
-    return replace(
-        protection,
-        existing=keep(protection.existing),
-        pinned=keep(protection.pinned),
-        pending_dirs=keep(protection.pending_dirs),
-        pending_files=keep(protection.pending_files),
-    )
 
 
 def _adopt_repository(
