@@ -40,6 +40,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from stockade._roots import Narrowed
+    from stockade.enforce.gvisor import Runsc
+    from stockade.enforce.limits import CgroupSupport
     from stockade.runtime._request import RunRequest
 
 #: the port the egress proxy listens on inside every sandbox's network namespace
@@ -82,7 +85,7 @@ class RunPlan:
     #: the bwrap to run (None: no bubblewrap, e.g. every layer that needs it is off)
     bwrap: str | None
     #: the runsc to run (:class:`stockade.enforce.gvisor.Runsc`, gVisor only)
-    runsc: Any
+    runsc: Runsc | None
     run_id: str
     #: the audit log's file (None: events in memory only)
     audit_path: Path | None
@@ -101,7 +104,7 @@ class RunPlan:
     #: bubblewrap (or runsc) holds the command until released (cgroup, proxy)
     handshake: bool
     #: where the run's cgroup can be made (:class:`stockade.enforce.limits.CgroupSupport`)
-    cgroup: Any
+    cgroup: CgroupSupport | None
     #: the wall-clock limit: the request's or the policy's, whichever is shorter
     timeout: float | None
     #: None: the egress layer is off (the host's network, or none)
@@ -111,7 +114,7 @@ class RunPlan:
     deny: paths.DenyMatches
     toolchains: tuple[Path, ...]
     #: stockade's own directories a grant would expose, kept read-only (or masked)
-    narrowed: tuple[Any, ...]
+    narrowed: tuple[Narrowed, ...]
 
     @property
     def gvisor(self) -> bool:

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     Event = dict[str, "Any"]
     from typing import IO, Any
 
+    from stockade.egress.approval import ApprovalBroker
+    from stockade.runtime._cancel import RunHandle
+    from stockade.runtime._egress import EgressPlan
+    from stockade.workspace import Layer
+
 
 @record(frozen=False)
 class RunRequest:
@@ -42,19 +47,19 @@ class RunRequest:
     caller_env: Mapping[str, str] | None = None
     on_event: Callable[[Event], None] | None = None
     #: the egress preparation shared by the runs of one Sandbox (None: made per run)
-    egress: Any = None
+    egress: EgressPlan | None = None
     #: the approval broker (:class:`~stockade.egress.approval.ApprovalBroker`): asks and
     #: live changes; None: the policy is all there is
-    approval: Any = None
+    approval: ApprovalBroker | None = None
     #: a :class:`~stockade.runtime._cancel.RunHandle`: the sandbox's outermost process is
     #: attached to it once started, so another thread can kill the tree (cancellation,
     #: ``Sandbox.popen``)
-    handle: Any = None
+    handle: RunHandle | None = None
     #: a host directory bound at /tmp (``Sandbox(tmp="session")``); None: a fresh tmpfs
     tmp: Path | None = None
     #: an overlay workspace's existing layer (:class:`stockade.workspace.Layer`) to mount
     #: again, as the runs of one overlay Sandbox share one; None: a new one per run
-    overlay_layer: Any = None
+    overlay_layer: Layer | None = None
     #: the learn mode's file observer (:class:`stockade.enforce.observe.SyscallObserver`):
     #: the launcher hands it a seccomp listener; None: nothing is observed
     observer: Any = None
