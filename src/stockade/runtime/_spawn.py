@@ -60,10 +60,10 @@ def spawn(
 ) -> tuple[int, bool, bytes | None, bytes | None]:
     """Start the sandbox and wait for it; return (code, timed_out, stdout, stderr).
 
-    ``timeout``: the run's wall-clock limit (its plan's). ``terminal`` says which of the caller's terminals are relayed (:mod:`._pty`: the
-    sandbox never holds one); ``on_started`` is called once the command was let go (work
-    to overlap with it); ``sandbox`` is the gVisor run, whose pty runsc makes
-    (:class:`._gvisor.GvisorRun`).
+    ``timeout``: the run's wall-clock limit (its plan's). ``terminal`` says which of the
+    caller's terminals are relayed (:mod:`._pty`: the sandbox never holds one);
+    ``on_started`` is called once the command was let go (work to overlap with it);
+    ``sandbox`` is the gVisor run, whose pty runsc makes (:class:`._gvisor.GvisorRun`).
     """
     _pty.check_passed(pass_fds)
     console = sandbox if sandbox is not None and sandbox.console is not None else None
