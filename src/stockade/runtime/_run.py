@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from stockade import _roots
-from stockade._exceptions import EXIT_NOT_FOUND, EXIT_TIMEOUT
+from stockade._exceptions import EXIT_NOT_FOUND, EXIT_TIMEOUT, Unavailable
 from stockade._record import replace
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment
