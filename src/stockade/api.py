@@ -256,6 +256,14 @@ async def arun(
         )
 
 
+def _warn(line: str) -> None:
+    """A run's warning for the person, on stderr, as the CLI prints it (the runtime
+    prints nothing itself; ``CompletedRun`` callers find it in the audit events too)."""
+    import sys
+
+    print(line, file=sys.stderr)
+
+
 def _run_request(
     argv: Sequence[str],
     policy: Policy,
@@ -294,6 +302,7 @@ def _run_request(
             handle=handle,
             tmp=tmp,
             overlay_layer=overlay_layer,
+            report=_warn,
         )
     )
     if capture_output and result.stdout is None and result.returncode == EXIT_NOT_FOUND:
@@ -729,6 +738,7 @@ class Sandbox:
                     approval=self._approvals,
                     handle=handle,
                     tmp=self._session_tmp(),
+                    report=_warn,
                 )
             )
 

@@ -29,7 +29,7 @@ else:
 PROTOCOL = 2
 #: the first field of a request
 REQUEST_MAGIC = b"stockade-run"
-#: the signals a run forwards to its command (runtime._run._SIGNALS), plus SIGWINCH for a pty
+#: the signals a run forwards to its command (runtime._spawn.SIGNALS), plus SIGWINCH for a pty
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGWINCH)
 #: dispositions a run inherits from its caller when they are "ignore"
 INHERITED_IGNORES = (

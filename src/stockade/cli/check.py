@@ -26,6 +26,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workspace", type=Path, metavar="DIR", help="workspace to check against")
     parser.add_argument("--json", action="store_true", help="print the effective policy as JSON")
+    parser.add_argument(
+        "--plan",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="print the plan of a run of COMMAND (default: true) under this policy: "
+        "backend, tools, mounts, limits, terminal, egress listeners, audit log; nothing "
+        "is started. Put it last: what follows is the command",
+    )
+
+
+def fast_parse(argv: list[str]) -> argparse.Namespace | None:
+    """``check [OPTIONS] --plan [--] COMMAND...``: everything after ``--plan`` is the
+    command, ``--`` and options included (argparse would take them for its own); None
+    without ``--plan`` (argparse parses it all)."""
+    if "--plan" not in argv:
+        return None
+    at = argv.index("--plan")
+    parser = argparse.ArgumentParser(prog="stockade check")
+    add_arguments(parser)
+    args = parser.parse_args(argv[:at])
+    command = argv[at + 1 :]
+    args.plan = command[1:] if command[:1] == ["--"] else command
+    return args
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -40,6 +63,8 @@ def execute(args: argparse.Namespace) -> int:
     policy = load_policy(args.file, workspace=args.workspace)
     for hint in policy.hints:
         print(f"stockade: note: {hint}", file=sys.stderr)
+    if args.plan is not None:
+        return _print_plan(policy, args.plan, as_json=args.json)
     data = policy.to_dict()
     ws_policy = _workspace_policy(policy) if args.file is None else None
     narrowed = _narrowed(policy)
@@ -110,6 +135,42 @@ def execute(args: argparse.Namespace) -> int:
     for warning in policy.warnings:
         print(f"WARNING     {warning}")
     return 0
+
+
+def _print_plan(policy: Policy, command: list[str], *, as_json: bool) -> int:
+    """Plan a run of ``command`` as ``stockade run`` would (:mod:`stockade.runtime._plan`)
+    and print it; nothing is started, no file is written."""
+    import shlex
+
+    from stockade.runtime._plan import plan
+    from stockade.runtime._request import RunRequest
+
+    warnings: list[str] = []
+    planned = plan(RunRequest(argv=command or ["true"], policy=policy), warnings.append)
+    data = planned.describe()
+    data["warnings"] = warnings
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{'argv':<24}{shlex.join(data.pop('argv'))}")
+    for key, value in data.items():
+        _print_field(key, value)
+    return 0
+
+
+def _print_field(key: str, value: object) -> None:
+    """One line per value, nested keys joined with dots (``limits.pids  256``)."""
+    if isinstance(value, dict):
+        for sub, item in value.items():
+            _print_field(f"{key}.{sub}", item)
+    elif isinstance(value, list):
+        if not value:
+            print(f"{key:<24}(none)")
+        for item in value:
+            print(f"{key:<24}{item}")
+    else:
+        shown = "-" if value is None else str(value).lower() if isinstance(value, bool) else value
+        print(f"{key:<24}{shown}")
 
 
 def _workspace_policy(policy: Policy) -> tuple[Path, str] | None:

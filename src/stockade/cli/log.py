@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _audit_files(args: argparse.Namespace) -> list[Path]:
     if args.file:
         return list(args.file)
-    from stockade.runtime._run import default_audit_dir
+    from stockade.runtime._state import default_audit_dir
 
     root = default_audit_dir()
     files = [p for p in root.glob("*.jsonl") if p.is_file()] if root.is_dir() else []

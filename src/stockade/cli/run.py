@@ -347,6 +347,7 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             timeout=args.timeout,
             forward_signals=True,
             approval=approval,
+            report=_warn,
         )
     )
     if channel is not None:
@@ -361,6 +362,11 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             file=sys.stderr,
         )
     return result.returncode
+
+
+def _warn(line: str) -> None:
+    """A run's warning for the person (the runtime hands them here; it prints nothing)."""
+    print(line, file=sys.stderr)
 
 
 #: events with a ``deny`` verdict that are no refusal of the command's: the answer that

@@ -225,9 +225,9 @@ def _warm() -> dict[str, int]:
     import stockade.policy._hosts
     import stockade.runtime._egress  # noqa: F401
     from stockade.enforce import launcher, limits, seccomp  # noqa: F401
-    from stockade.runtime import _host, _run
+    from stockade.runtime import _host, _plan, _run
 
-    _run._seccomp_filter()
+    _plan.seccomp_filter()
     _host.landlock_abi()
     _host.seccomp_available()
     _host.find_bwrap()

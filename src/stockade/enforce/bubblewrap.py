@@ -242,3 +242,33 @@ def environment_fd(env: Mapping[str, str]) -> int:
             raise ValueError(f"environment variable {name!r} cannot be passed to bwrap")
         parts += [b"--setenv", os.fsencode(name), os.fsencode(value)]
     return sealed_memfd("stockade-env", b"\0".join(parts) + b"\0")
+
+
+def read_child_pid(info_fd: int) -> int:
+    """Read bubblewrap's ``--info-fd`` document and return the sandbox's pid.
+
+    Reads until the JSON object is complete rather than until end of file, so that a
+    copy of the fd held elsewhere cannot stall the start.
+    """
+    import contextlib
+    import json
+
+    from stockade._exceptions import SandboxError
+
+    buf = b""
+    info: object = None
+    try:
+        while True:
+            chunk = os.read(info_fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            with contextlib.suppress(json.JSONDecodeError):
+                info = json.loads(buf)
+                break
+    finally:
+        os.close(info_fd)
+    pid = info.get("child-pid") if isinstance(info, dict) else None
+    if not isinstance(pid, int):
+        raise SandboxError("bubblewrap did not report the sandbox's pid on --info-fd")
+    return pid

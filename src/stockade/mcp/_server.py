@@ -823,7 +823,7 @@ def serve(
     """
     from stockade._record import replace
     from stockade.policy import load_policy
-    from stockade.runtime._run import default_audit_dir
+    from stockade.runtime._state import default_audit_dir
 
     policy = load_policy(policy_path, workspace=workspace)
     if overlay:

@@ -21,6 +21,7 @@ from pathlib import Path
 from stockade import _roots
 from stockade._exceptions import PolicyError
 from stockade._record import replace
+from stockade.policy import _model
 from stockade.policy._credentials import looks_like_credential
 from stockade.policy._model import (
     BACKEND_CHOICES,
@@ -1424,3 +1425,7 @@ def _tighten_inspect_table(
 
 
 # --- end inspect ------------------------------------------------------------------------
+
+
+# Policy.load reads files through this module; _model, which it builds on, does not import it.
+_model._loader = load_policy

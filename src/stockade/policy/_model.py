@@ -8,7 +8,7 @@ re-interprets a spelling.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from stockade._hash import sha256_hex
@@ -30,6 +30,11 @@ LAYERS: tuple[str, ...] = (
     "limits",
     "overlay",
 )
+
+#: the policy reader behind :meth:`Policy.load` (:func:`stockade.policy._load.load_policy`):
+#: ``_load`` builds on this module and registers it here when imported, which the package
+#: does before anything can hold a Policy; this module never imports ``_load`` back
+_loader: Callable[..., Policy] | None = None
 
 
 @record
@@ -366,9 +371,9 @@ class Policy:
     @classmethod
     def load(cls, path: str | Path | None = None, *, workspace: str | Path | None = None) -> Policy:
         """Load and validate a policy file (or the default search order when ``path`` is None)."""
-        from stockade.policy._load import load_policy
-
-        return load_policy(
+        if _loader is None:  # pragma: no cover - the package imports _load first
+            raise RuntimeError("stockade.policy._load was not imported")
+        return _loader(
             Path(path) if path is not None else None,
             workspace=Path(workspace) if workspace is not None else None,
         )

@@ -12,7 +12,7 @@ which are read-only inside every sandbox); and at the end it records the run's h
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from stockade._exceptions import SandboxError
@@ -23,7 +23,7 @@ from stockade.policy import Policy
 
 
 def _default_dir() -> Path:
-    from stockade.runtime._run import default_audit_dir
+    from stockade.runtime._state import default_audit_dir
 
     return default_audit_dir()
 
@@ -72,25 +72,24 @@ def refuse_linked(audit: AuditLog) -> None:
         )
 
 
-def record_head(audit: AuditLog) -> None:
-    """Record where ``audit``'s chain ended (after :meth:`AuditLog.close`); warn on stderr
-    when its path no longer names the file stockade wrote, or when no record could be
-    kept. Never raises: the command has run, and its status is the run's."""
+def record_head(audit: AuditLog, report: Callable[[str], None]) -> None:
+    """Record where ``audit``'s chain ended (after :meth:`AuditLog.close`); warn
+    (``report``, which the CLI prints) when its path no longer names the file stockade
+    wrote, or when no record could be kept. Never raises: the command has run, and its
+    status is the run's."""
     head = audit.head()
     if head is None:
         return
     if head.replaced:
-        print(
+        report(
             f"stockade: warning: the audit log was replaced during the run: {head.replaced}; "
             "stockade wrote the run's events to the file it had opened, and its run record "
-            "says so ('stockade log --verify' refuses the file now at that path)",
-            file=sys.stderr,
+            "says so ('stockade log --verify' refuses the file now at that path)"
         )
     try:
         write_record(head)
     except OSError as exc:
-        print(
+        report(
             f"stockade: warning: cannot record the audit log's head in {records_dir()}: "
-            f"{exc.strerror}; 'stockade log --verify' cannot check who wrote {audit.path}",
-            file=sys.stderr,
+            f"{exc.strerror}; 'stockade log --verify' cannot check who wrote {audit.path}"
         )

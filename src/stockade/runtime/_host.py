@@ -208,7 +208,7 @@ def transparent_check() -> Check:
             "network.transparent = false (then only proxy-aware clients reach the network)",
         )
     from stockade.egress._netns import sockets_in_netns
-    from stockade.runtime._run import read_child_pid
+    from stockade.enforce.bubblewrap import read_child_pid
 
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()

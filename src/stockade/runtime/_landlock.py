@@ -334,16 +334,15 @@ def launcher_extras(
     return out
 
 
-def choose_backend(policy: Policy) -> Policy:
+def choose_backend(policy: Policy, report: Callable[[str], None] | None = None) -> Policy:
     """Resolve ``[container] backend = "auto"``: bubblewrap where user namespaces work,
-    the landlock backend only with ``allow_degraded = true``.
+    the landlock backend only with ``allow_degraded = true`` (and a warning to
+    ``report``, which the CLI prints).
 
     Raises:
         Unavailable: no user namespaces and ``allow_degraded`` is false (the hint names
             the landlock backend and what it loses).
     """
-    import sys
-
     from stockade.policy._model import ContainerPolicy
     from stockade.runtime import _host
 
@@ -353,12 +352,12 @@ def choose_backend(policy: Policy) -> Policy:
         return replace(policy, container=replace(container, backend="bubblewrap"))
     if not container.allow_degraded:
         raise Unavailable(f"user namespaces ({check.detail})", f"{check.fix}; {FALLBACK_HINT}")
-    print(
-        f"stockade: warning: no user namespaces here ({check.detail}); "
-        'backend "auto" with allow_degraded runs under the landlock backend, without '
-        "namespaces ('stockade doctor' lists what that loses)",
-        file=sys.stderr,
-    )
+    if report is not None:
+        report(
+            f"stockade: warning: no user namespaces here ({check.detail}); "
+            'backend "auto" with allow_degraded runs under the landlock backend, without '
+            "namespaces ('stockade doctor' lists what that loses)"
+        )
     return replace(policy, container=ContainerPolicy(backend="landlock", allow_degraded=True))
 
 
@@ -430,7 +429,7 @@ class LandlockRun:
             return None
         from stockade import _roots
         from stockade.runtime._placeholders import Claim
-        from stockade.runtime._run import default_audit_dir
+        from stockade.runtime._state import default_audit_dir
 
         fs = self.policy.filesystem
         roots = _roots.trust_roots(caller_env)

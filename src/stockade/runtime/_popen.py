@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from stockade.runtime._cancel import RunHandle
-from stockade.runtime._run import RunResult
+from stockade.runtime._request import RunResult
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
