@@ -494,3 +494,58 @@ def test_landlock_run_in_a_cgroup_caps_the_pids(world: World, who: str) -> None:
     )
     assert free.returncode == 0, free.stderr
     assert free.stdout.split() == ["outside", "40"]
+
+
+#: run inside the restricting parent: start a landlock run whose command leaves a
+#: setsid daemon, wait until the daemon is up, then kill the run from the API
+_CANCEL = r"""
+import subprocess, sys, time
+import stockade
+policy, tag = sys.argv[1], sys.argv[2]
+daemon = f"(setsid /usr/bin/python3 -c 'import time; time.sleep(30)' {tag} >/dev/null 2>&1 </dev/null &) ; sleep 30"
+with stockade.Sandbox(policy) as sb:
+    p = sb.popen(["sh", "-c", daemon])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if subprocess.run(["pgrep", "-f", tag], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit("the daemon never started")
+    print("up", flush=True)
+    p.kill()
+    p.wait()
+print("killed", flush=True)
+"""
+
+
+def test_landlock_cancel_kills_what_left_the_group(world: World, who: str) -> None:
+    """A run killed from another thread (``SandboxProcess.kill``, ``arun`` cancelled) ends
+    the processes that left the command's group too: without a PID namespace they are
+    only reachable below the launcher, the child subreaper."""
+    tag = f"stockade-llc-{os.getpid()}-{time.monotonic_ns()}"
+    policy = _policy(world, '[container]\nbackend = "landlock"\n')
+    python = _python_for(who)
+    try:
+        command = [python, "-c", _RESTRICT, python, "-c", _CANCEL]
+        if who == "root":
+            proc = subprocess.run(
+                [*command, str(policy), tag],
+                cwd=world.workspace,
+                env=world.env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        else:
+            # uid 65534 gets no cgroup here: the launcher's subreaper is all that holds
+            proc = as_nobody(world, str(policy), tag, timeout=120, command=command)
+        # The daemon was running under the sandbox before the kill (what the kill ends
+        # is real), and nothing of it is left after.
+        assert proc.stdout.split() == ["up", "killed"], proc.stderr
+        time.sleep(0.5)
+        left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True, check=False)
+        assert left.stdout.strip() == "", left.stdout
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", tag], check=False)

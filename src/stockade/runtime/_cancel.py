@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import threading
 from collections.abc import Callable
+
+from stockade.runtime._spawn import kill_tree
 
 
 class RunHandle:
@@ -69,18 +70,3 @@ class RunHandle:
             proc = self._proc
         if proc is not None:
             kill_tree(proc)
-
-
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the sandbox and everything in it.
-
-    SIGKILL to bwrap makes the kernel deliver its parent-death signal to the sandbox's
-    init, and the death of a PID namespace's init kills every process in it. Without the
-    container layer the command's own process group is killed too.
-    """
-    if proc.returncode is not None:
-        return  # reaped: its pid may belong to someone else now
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()

@@ -197,8 +197,12 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
     SIGKILL to bwrap makes the kernel deliver its parent-death signal to the sandbox's
     init, and the death of a PID namespace's init kills every process in it. Without the
-    container layer the command's own process group is killed too.
+    container layer the command's own process group is killed too, and under the landlock
+    backend every process below the launcher (a child subreaper). The one way a run is
+    killed: on a timeout, a failed start, and a cancel from another thread (RunHandle).
     """
+    if proc.returncode is not None:
+        return  # reaped: its pid (and its group's) may belong to someone else now
     from stockade.runtime._landlock import kill_descendants
 
     # Without a PID namespace (the landlock backend) a process that left the group is
