@@ -14,6 +14,7 @@ from stockade._exceptions import (
     StockadeError,
     Unavailable,
 )
+from stockade._lazy import load
 from stockade._version import __version__
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
@@ -64,11 +65,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("stockade.learn")
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stockade' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return load(__name__, _LAZY, name, globals())

@@ -14,6 +14,8 @@ imports the proxy only when a listener of the sandbox becomes readable).
 
 from __future__ import annotations
 
+from stockade._lazy import load
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -74,11 +76,4 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stockade.egress' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return load(__name__, _LAZY, name, globals())

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
-
-from stockade.runtime._spawn import kill_tree
 
 
 class RunHandle:
@@ -70,3 +69,25 @@ class RunHandle:
             proc = self._proc
         if proc is not None:
             kill_tree(proc)
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the sandbox and everything in it.
+
+    SIGKILL to bwrap makes the kernel deliver its parent-death signal to the sandbox's
+    init, and the death of a PID namespace's init kills every process in it. Without the
+    container layer the command's own process group is killed too, and under the landlock
+    backend every process below the launcher (a child subreaper). The one way a run is
+    killed: on a timeout, a failed start, and a cancel from another thread (RunHandle).
+    """
+    if proc.returncode is not None:
+        return  # reaped: its pid (and its group's) may belong to someone else now
+    from stockade.runtime._landlock import kill_descendants
+
+    # Without a PID namespace (the landlock backend) a process that left the group is
+    # still below the launcher, a child subreaper: kill the whole tree from there.
+    kill_descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()

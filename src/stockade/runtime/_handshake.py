@@ -13,7 +13,7 @@ from stockade._exceptions import SandboxError, Unavailable
 from stockade.enforce.bubblewrap import read_child_pid
 from stockade.policy import Decision, Reason
 from stockade.runtime import _host
-from stockade.runtime._spawn import kill_tree
+from stockade.runtime._cancel import kill_tree
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stockade._exceptions import EXIT_TIMEOUT, SandboxError
 from stockade.runtime import _pty
+from stockade.runtime._cancel import kill_tree
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -190,28 +191,6 @@ def popen(
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
-
-
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the sandbox and everything in it.
-
-    SIGKILL to bwrap makes the kernel deliver its parent-death signal to the sandbox's
-    init, and the death of a PID namespace's init kills every process in it. Without the
-    container layer the command's own process group is killed too, and under the landlock
-    backend every process below the launcher (a child subreaper). The one way a run is
-    killed: on a timeout, a failed start, and a cancel from another thread (RunHandle).
-    """
-    if proc.returncode is not None:
-        return  # reaped: its pid (and its group's) may belong to someone else now
-    from stockade.runtime._landlock import kill_descendants
-
-    # Without a PID namespace (the landlock backend) a process that left the group is
-    # still below the launcher, a child subreaper: kill the whole tree from there.
-    kill_descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
 
 
 def _command_pid(proc: subprocess.Popen[bytes], depth: int) -> int:

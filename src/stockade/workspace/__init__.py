@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stockade._lazy import load
+
 if TYPE_CHECKING:
     from stockade.workspace._apply import Outcome, apply, discard, protected_reason, record_base
     from stockade.workspace._changes import Change, scan
@@ -49,34 +51,27 @@ __all__ = [
 ]
 
 _WHERE = {
-    "Outcome": "_apply",
-    "apply": "_apply",
-    "discard": "_apply",
-    "protected_reason": "_apply",
-    "record_base": "_apply",
-    "Change": "_changes",
-    "scan": "_changes",
-    "checkpoint": "_checkpoint",
-    "checkpoints": "_checkpoint",
-    "delete_checkpoint": "_checkpoint",
-    "rollback": "_checkpoint",
-    "diff": "_diff",
-    "selected": "_diff",
-    "Layer": "_layer",
-    "LayerError": "_layer",
-    "layers_dir": "_layer",
+    "Outcome": "._apply",
+    "apply": "._apply",
+    "discard": "._apply",
+    "protected_reason": "._apply",
+    "record_base": "._apply",
+    "Change": "._changes",
+    "scan": "._changes",
+    "checkpoint": "._checkpoint",
+    "checkpoints": "._checkpoint",
+    "delete_checkpoint": "._checkpoint",
+    "rollback": "._checkpoint",
+    "diff": "._diff",
+    "selected": "._diff",
+    "Layer": "._layer",
+    "LayerError": "._layer",
+    "layers_dir": "._layer",
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stockade.workspace' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"stockade.workspace.{module}"), name)
-    globals()[name] = value
-    return value
+    return load(__name__, _WHERE, name, globals())
 
 
 def changes(layer: Layer, paths: tuple[str, ...] = ()) -> list[Change]:

@@ -19,6 +19,7 @@ probe (asyncio) are loaded on first use.
 
 from __future__ import annotations
 
+from stockade._lazy import load
 from stockade.egress.upstream._config import PROXY_VARIABLES as PROXY_VARIABLES
 from stockade.egress.upstream._config import Upstream as Upstream
 from stockade.egress.upstream._config import read_auth_file as read_auth_file
@@ -68,11 +69,4 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stockade.egress.upstream' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return load(__name__, _LAZY, name, globals())
