@@ -25,7 +25,7 @@ from stockade.policy import Policy, load_policy
 HOSTS = ["a.test", "b.test", "*.c.test", "d.test:8443"]
 NAMES = ["CI", "NODE_ENV", "LD_PRELOAD", "PYTHONPATH"]
 VALUES = ["1", "/tmp/x.so"]
-LAYERS = ["files", "container", "syscalls", "secrets", "egress", "inspect", "limits"]
+LAYERS = ["files", "container", "syscalls", "secrets", "egress", "inspect", "limits", "overlay"]
 DIRS = ["r1", "r2", "w1", "w1/sub", "w2"]
 
 

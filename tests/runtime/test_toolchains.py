@@ -192,6 +192,9 @@ def run(world: World, policy: Path, script: str, *, timeout: float = 120) -> Ran
         "egress",
         "inspect",
         "limits",
+        # on by default; it acts only on a workspace in overlay mode (as inspect acts
+        # only on hosts with rules)
+        "overlay",
     ]
     return Ran(proc, events)
 
