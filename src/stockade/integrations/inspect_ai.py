@@ -407,11 +407,13 @@ class StockadeSandboxEnvironment(SandboxEnvironment):
 
     async def exec_remote(self, cmd: list[str], options: Any = None, *, stream: bool = True) -> Any:
         """Not offered: it needs Inspect's sandbox-tools server alive inside the sandbox
-        between commands, and a stockade command ends with its call."""
-        raise NotImplementedError(
-            "the stockade sandbox runs one command per exec(); exec_remote and the tools "
-            "built on it (bash_session, text_editor, web_browser) are not supported: use "
-            "bash() and python()"
+        between commands, and a stockade command ends with its call. Refused with
+        stockade's own "not available here" error, which names what to use instead."""
+        from stockade._exceptions import Unavailable
+
+        raise Unavailable(
+            "exec_remote (and bash_session, text_editor, web_browser, built on it)",
+            "the stockade sandbox runs one command per exec(); use bash() and python()",
         )
 
     def default_polling_interval(self) -> float:
