@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stockade.policy._hosts import PatternKind, normalize_host, parse_pattern
+from stockade.policy._decision import Reason
+from stockade.policy._hosts import PatternKind, normalize_host, parse_pattern, sni_disagreement
 
 
 @pytest.mark.parametrize(
@@ -193,3 +194,35 @@ def test_hosts_module_does_not_import_asyncio() -> None:
     code = "import sys, stockade.policy._hosts; print('asyncio' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- one SNI check for both TLS paths ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "host", "reason"),
+    [
+        (["api.test"], "api.test", None),
+        (["API.Test."], "api.test", None),  # one canonical spelling, as the allow-list's
+        (["straße.test"], "xn--strae-oqa.test", None),  # IDNA 2008, as the allow-list's
+        (["xn--strae-oqa.test"], "xn--strae-oqa.test", None),
+        ([], "127.0.0.1", None),  # no SNI to an IP literal (RFC 6066)
+        ([], "::1", None),
+        ([], "api.test", Reason.SNI_MISSING),
+        (["other.test"], "api.test", Reason.SNI_MISMATCH),
+        (["api.test", "api.test"], "api.test", Reason.SNI_MISMATCH),  # two names: ambiguous
+        (["api.test\x00.evil"], "api.test", Reason.SNI_MISMATCH),  # unreadable
+        (["127.0.0.1"], "api.test", Reason.SNI_MISMATCH),
+    ],
+)
+def test_sni_disagreement(names: list[str], host: str, reason: Reason | None) -> None:
+    found = sni_disagreement(names, host)
+    assert (found[0] if found else None) == reason, found
+
+
+def test_sni_disagreement_shows_a_hostile_name_on_one_line() -> None:
+    found = sni_disagreement(["a" * 300 + ".test"], "api.test")
+    assert found is not None
+    assert found[0] is Reason.SNI_MISMATCH
+    assert len(found[1]) < 200
+    assert found[1].isprintable()

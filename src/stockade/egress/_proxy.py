@@ -46,8 +46,9 @@ from stockade.egress.upstream import (
     answer_status,
 )
 from stockade.policy._decision import Decision, Reason, Verdict
-from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._hosts import ip_literal, normalize_host, sni_disagreement
 from stockade.policy._inspect import echo_refusal
+from stockade.policy._text import printable as _printable  # hostile names: one safe line
 
 __all__ = ["AuditCallback", "EgressProxy", "Interceptor", "Resolver"]
 
@@ -110,12 +111,6 @@ _SOCKS_CODE = {
     Reason.UPSTREAM_REFUSED: _socks.REPLY_FAILURE,
     Reason.UPSTREAM_UNREACHABLE: _socks.REPLY_NETWORK_UNREACHABLE,
 }
-
-
-def _printable(text: str, limit: int = 120) -> str:
-    # Hostile names go into the audit log and error bodies: keep them to one safe line.
-    cleaned = "".join(ch if ch.isprintable() and ch != "\\" else "?" for ch in text[:limit])
-    return cleaned + ("…" if len(text) > limit else "")
 
 
 def _deny(reason: Reason, detail: str = "", rule: str = "") -> Decision:
@@ -813,30 +808,20 @@ class EgressProxy:
         except _Closed:
             record.decision = _deny(Reason.NOT_TLS, "closed before a ClientHello")
             return False
-        names = hello.server_names
         if hello.has_ech:
             # Encrypted ClientHello hides the real name behind the outer one.
             record.decision = _deny(Reason.SNI_MISMATCH, "encrypted ClientHello hides the name")
             return False
-        if not names:
-            if ip_literal(record.host) is not None:
-                # Clients send no SNI to an IP literal (RFC 6066); the target was vetted.
-                return True
-            record.decision = _deny(Reason.SNI_MISSING, "ClientHello has no server name")
-            return False
-        if len(names) > 1:
-            record.decision = _deny(Reason.SNI_MISMATCH, "ClientHello names two servers")
-            return False
-        try:
-            sni = normalize_host(names[0])
-        except ValueError as exc:
-            record.decision = _deny(Reason.SNI_MISMATCH, f"unreadable server name: {exc}")
-            return False
-        record.extra["sni"] = sni
-        if sni != record.host:
-            record.decision = _deny(
-                Reason.SNI_MISMATCH, f"SNI {_printable(sni)} is not {record.host}"
-            )
+        names = hello.server_names
+        if len(names) == 1:
+            # the name as the audit shows it: the canonical spelling when it has one
+            try:
+                record.extra["sni"] = normalize_host(names[0])
+            except ValueError:
+                record.extra["sni"] = _printable(names[0])
+        disagreement = sni_disagreement(names, record.host)
+        if disagreement is not None:
+            record.decision = _deny(*disagreement)
             return False
         return True
 

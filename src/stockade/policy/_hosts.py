@@ -12,9 +12,11 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
+from collections.abc import Sequence
 
 from stockade._record import record
-from stockade.policy._text import toml_string
+from stockade.policy._decision import Reason
+from stockade.policy._text import printable, toml_string
 
 __all__ = ["HostPattern", "PatternKind", "ip_literal", "normalize_host", "parse_pattern"]
 
@@ -188,6 +190,31 @@ def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return ipaddress.ip_address(host)
     except ValueError:
         return None
+
+
+def sni_disagreement(names: Sequence[str], host: str) -> tuple[Reason, str] | None:
+    """Why the server names of a TLS ClientHello do not hold the client to ``host``.
+
+    ``host`` is the normalised name the tunnel was allowed for; ``names`` are the
+    ClientHello's server names as sent. None when they agree. Both TLS paths ask this one
+    function (the opaque tunnel on the ClientHello it peeked at, the inspect layer on the
+    name its handshake saw), so one ClientHello gets one verdict and one reason, whichever
+    path it takes.
+    """
+    if not names:
+        if ip_literal(host) is not None:
+            # Clients send no SNI to an IP literal (RFC 6066); the address itself was vetted.
+            return None
+        return Reason.SNI_MISSING, "ClientHello has no server name"
+    if len(names) > 1:
+        return Reason.SNI_MISMATCH, "ClientHello names two servers"
+    try:
+        sni = normalize_host(names[0])
+    except ValueError as exc:
+        return Reason.SNI_MISMATCH, f"unreadable server name: {exc}"
+    if sni != host:
+        return Reason.SNI_MISMATCH, f"SNI {printable(sni)} is not {host}"
+    return None
 
 
 class PatternKind(enum.Enum):

@@ -27,6 +27,16 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def printable(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters, every non-printable character and ``\\`` as ``?``.
+
+    For names a sandbox chose (a host, an SNI, a path) on their way into the audit log, an
+    error body or a terminal: one safe line, whatever bytes the name held.
+    """
+    cleaned = "".join(ch if ch.isprintable() and ch != "\\" else "?" for ch in text[:limit])
+    return cleaned + ("…" if len(text) > limit else "")
+
+
 def toml_string(text: str) -> str:
     """``text`` as a TOML basic string: ``"..."`` with ``\\`` and ``"`` escaped and every
     non-printable character as a TOML escape (``\\n``, ``\\u001b``), so it stays one line."""

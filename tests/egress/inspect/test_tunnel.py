@@ -286,6 +286,8 @@ def test_sni_mismatch_is_421(tmp_path: Path) -> None:
             assert r.headers["x-stockade-reason"] == "sni-mismatch"
             r = await h.call("other.test", "GET", "/", sni=None)
             assert r.status == 421
+            # the reason the opaque tunnel gives for the same ClientHello (one check)
+            assert r.headers["x-stockade-reason"] == "sni-missing"
             assert h.upstream.received == []
 
     run(go())

@@ -36,6 +36,7 @@ from stockade.egress.dns import _codec as dns
 from stockade.egress.dns._pool import AddressPool
 from stockade.policy._decision import Decision, Reason
 from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._text import printable
 
 __all__ = ["MAX_EVENTS", "DnsServer", "EmitCallback"]
 
@@ -56,9 +57,9 @@ _LOOPBACK_V4 = ipaddress.IPv4Address("127.0.0.1").packed
 _LOOPBACK_V6 = ipaddress.IPv6Address("::1").packed
 
 
-def _printable(text: str, limit: int = 253) -> str:
-    cleaned = "".join(ch if ch.isprintable() and ch != "\\" else "?" for ch in text[:limit])
-    return cleaned + ("…" if len(text) > limit else "")
+def _printable(text: str) -> str:
+    # A queried name goes into the audit log: one safe line, as long as a DNS name can be.
+    return printable(text, 253)
 
 
 class DnsServer:

@@ -39,7 +39,7 @@ from stockade.egress.inspect._secrets import (
     with_encodings,
 )
 from stockade.policy import Decision, InspectPolicy, Policy, Reason, Verdict
-from stockade.policy._hosts import ip_literal, normalize_host
+from stockade.policy._hosts import sni_disagreement
 from stockade.policy._inspect import REFUSED_METHODS as REFUSED_METHODS
 from stockade.policy._inspect import InspectScope, echo_refusal
 
@@ -264,18 +264,11 @@ class Inspector:
         # that no later refusal writes a value carried there into the audit log
         self._scan_method(record)
         # 1. agreement: CONNECT authority = SNI = Host
-        if sni is None:
-            if ip_literal(host) is None:
-                raise Refusal(421, Reason.SNI_MISMATCH, "the TLS ClientHello named no server")
-        else:
-            # The proxy's own normaliser (policy._hosts), as its ClientHello check uses:
-            # one spelling of the SNI for both checks.
-            try:
-                sni_host = normalize_host(sni)
-            except ValueError:
-                sni_host = ""
-            if sni_host != host:
-                raise Refusal(421, Reason.SNI_MISMATCH, f"SNI {sni[:80]!r} is not {host}")
+        # The same question, asked of the same function, as the opaque tunnel's check of
+        # the ClientHello it peeked at: one verdict and one reason per ClientHello.
+        disagreement = sni_disagreement([] if sni is None else [sni], host)
+        if disagreement is not None:
+            raise Refusal(421, *disagreement)
         check_framing(headers)
         host_header = header_values(headers, b"host")[0].decode("latin-1")
         if not authority_agrees(host_header, host, port):
