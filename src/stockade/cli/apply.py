@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from stockade.policy._text import for_terminal
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -35,7 +37,8 @@ def _ask(change: Change) -> bool:
 
     while True:
         try:
-            answer = input(f"{change.describe()}  apply? [y/n/d(iff)/q] ").strip().lower()
+            answer = input(f"{for_terminal(change.describe())}  apply? [y/n/d(iff)/q] ")
+            answer = answer.strip().lower()
         except EOFError:
             return False
         if answer in ("y", "yes"):
@@ -45,7 +48,7 @@ def _ask(change: Change) -> bool:
         if answer in ("q", "quit"):
             raise KeyboardInterrupt
         if answer in ("d", "diff"):
-            sys.stdout.write(_ask_diff(change))
+            sys.stdout.write(for_terminal(_ask_diff(change)))
 
 
 _LAYER = None
@@ -89,5 +92,5 @@ def execute(args: argparse.Namespace) -> int:
     else:
         for o in outcomes:
             tail = f": {o.reason}" if o.reason else ""
-            print(f"{o.action:<8} {o.kind:<9} {o.path}{tail}")
+            print(for_terminal(f"{o.action:<8} {o.kind:<9} {o.path}{tail}"))
     return 1 if refused else 0

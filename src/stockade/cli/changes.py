@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Print the changes; exit 0 (125 when the layer cannot be read)."""
+    from stockade.policy._text import for_terminal
     from stockade.workspace import Layer, changes
 
     if args.list or args.run is None:
@@ -47,7 +48,9 @@ def execute(args: argparse.Namespace) -> int:
             print("no overlay layers", file=sys.stderr)
         for row in rows if not args.json else []:
             print(
-                f"{row['run']}  {row['state']:<11} {row['changes']:>6} changes  {row['workspace']}"
+                for_terminal(
+                    f"{row['run']}  {row['state']:<11} {row['changes']:>6} changes  {row['workspace']}"
+                )
             )
         return 0
     layer = Layer.open(args.run)
@@ -62,7 +65,8 @@ def execute(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     for change in found:
-        print(change.describe())
+        # names the sandbox chose: no escape sequence reaches the reviewer's terminal
+        print(for_terminal(change.describe()))
     if not found:
         print(f"run {layer.run_id}: no changes", file=sys.stderr)
     return 0

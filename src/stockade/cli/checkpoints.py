@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """List the checkpoints; exit 0."""
+    from stockade.policy._text import for_terminal
     from stockade.workspace import Layer, checkpoints
 
     layer = Layer.open(args.run)
@@ -27,7 +28,10 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     for point in points:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(point.get("created", 0)))
-        print(f"{point['name']:<24} {when}  ({point.get('seconds', 0):.2f} s to make)")
+        # a name an agent may have chosen (the MCP server's checkpoint tool)
+        print(
+            for_terminal(f"{point['name']:<24} {when}  ({point.get('seconds', 0):.2f} s to make)")
+        )
     if not points:
         print(f"run {layer.run_id}: no checkpoints")
     return 0

@@ -14,13 +14,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "stockade diff [--json] RUN [PATHS...]"
     parser.add_argument("run", help="the run id of an overlay run (a unique prefix, or last)")
     parser.add_argument("paths", nargs="*", help="only changes at or below these paths")
-    parser.add_argument("--json", action="store_true", help="each change with its diff, as JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="each change with its exact diff, as JSON (the text output escapes control characters)",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
     """Print the diff; exit 0."""
     import sys
 
+    from stockade.policy._text import for_terminal
     from stockade.workspace import Layer, changes
     from stockade.workspace._diff import diff_one
 
@@ -34,5 +39,8 @@ def execute(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     for change in found:
-        sys.stdout.write(diff_one(layer, change))
+        # The sandbox wrote these bytes: shown with control characters escaped, so none
+        # can move the cursor over, erase or disguise a line of the diff (--json has the
+        # exact text).
+        sys.stdout.write(for_terminal(diff_one(layer, change)))
     return 0

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Print the review; exit 0."""
+    from stockade.policy._text import for_terminal
     from stockade.workspace import Layer
     from stockade.workspace._review import render, review
 
@@ -25,5 +26,5 @@ def execute(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
-        sys.stdout.write(render(doc))
+        sys.stdout.write(for_terminal(render(doc)))  # names and hosts the sandbox chose
     return 0

@@ -27,6 +27,28 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def for_terminal(text: str) -> str:
+    """``text`` safe to write to a person's terminal: line breaks and tabs kept, every other
+    non-printable character escaped (``\\x1b``, ``\\r``, ``\\u202e``).
+
+    For what a sandbox chose and a person reads to decide (a diff of the files it wrote,
+    their names, a checkpoint's name): an escape sequence there could move the cursor,
+    erase a line of the diff, retitle the window or write the clipboard, and a bidi
+    control could show a line other than the one that would be applied. A ``\\r`` just
+    before a line break (a CRLF file) changes nothing on screen and is kept.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    last = len(text) - 1
+    for i, ch in enumerate(text):
+        if ch.isprintable() or ch in "\n\t" or (ch == "\r" and i < last and text[i + 1] == "\n"):
+            out.append(ch)
+        else:
+            out.append(repr(ch)[1:-1] if ch != "\\" else ch)
+    return "".join(out)
+
+
 def printable(text: str, limit: int = 120) -> str:
     """``text`` cut to ``limit`` characters, every non-printable character and ``\\`` as ``?``.
 

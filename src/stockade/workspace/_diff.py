@@ -13,8 +13,13 @@ MAX_DIFF_BYTES = 4 << 20
 
 
 def _lines(path: str) -> list[str]:
+    # Lines end at "\n" only, as git's do: str.splitlines would also break at "\r",
+    # "\x1c" or "\u2028", and show one line of the file as two lines of the diff.
     with open(path, "rb") as fh:
-        return fh.read().decode("utf-8", "replace").splitlines(keepends=True)
+        text = fh.read().decode("utf-8", "replace")
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 def selected(changes: Iterable[Change], paths: Iterable[str]) -> list[Change]:
