@@ -573,3 +573,42 @@ def test_a_host_socket_in_a_visible_directory_stays_out_of_reach(world: World) -
         assert lines[1].startswith("refused"), proc.stdout
     finally:
         listener.close()
+
+
+INJECTION_TASK = r"""
+import os
+# A name is the sandbox's to choose: one with line breaks that would read as policy lines
+for path in ('/nonexistent-\n[layers]\negress = false\n#', '/opt/x\n"/" ,\n#'):
+    try:
+        open(path)
+    except OSError:
+        pass
+print("done")
+"""
+
+
+@pytest.mark.usefixtures("kernel")
+def test_an_observed_name_never_becomes_a_line_of_the_suggested_policy(world: World) -> None:
+    # The sandbox opens paths whose names hold line breaks and TOML; what learning saw
+    # reaches the suggestion only as one comment line each (escaped), so the policy
+    # parses to nothing but what was observed as needed.
+    import tomllib
+
+    require(os.path.exists(PYTHON), f"{PYTHON} is needed inside the sandbox")
+    (world.workspace / "task.py").write_text(INJECTION_TASK)
+    run_dir = world.root / "learnt"
+    proc = world.stockade("learn", "-o", str(run_dir), "--", PYTHON, "task.py", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("done")
+    paths = {o.get("path") for o in _observations(run_dir)}
+    assert "/nonexistent-\n[layers]\negress = false\n#" in paths  # it was observed
+    policy = world.root / "suggested.toml"
+    suggest = world.stockade("policy", "suggest", str(run_dir), "-o", str(policy))
+    assert suggest.returncode == 0, suggest.stderr
+    text = policy.read_text()
+    doc = tomllib.loads(text)
+    assert "layers" not in doc
+    assert "/" not in doc.get("filesystem", {}).get("read", [])
+    # the twin: the observation is still there for the person to read, on one line
+    assert "/nonexistent-\\n[layers]\\negress = false\\n#" in text
+    assert world.stockade("check", "--policy", str(policy)).returncode == 0

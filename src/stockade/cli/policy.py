@@ -59,9 +59,12 @@ def fast_parse(args: list[str]) -> argparse.Namespace | None:
 def _print_verify(result: VerifyResult) -> None:
     import sys
 
+    from stockade.policy._text import one_line
+
     print(f"needed actions broken: {len(result.broken)}", file=sys.stderr)
     for line in result.broken:
-        print(f"  broken: {line}", file=sys.stderr)
+        # observations name what the sandbox chose (paths): one escaped line each
+        print(f"  broken: {one_line(line)}", file=sys.stderr)
     if result.open is not None:
         print(
             f"unneeded actions open: {len(result.open)} "
@@ -124,8 +127,10 @@ def execute(args: argparse.Namespace) -> int:
         _print_verify(result)
         return 0 if result.passed else 1
     lines = drift(args.policy, args.runs)
+    from stockade.policy._text import one_line
+
     for line in lines:
-        print(line)
+        print(one_line(line))  # what later runs did, named by the sandbox: one line each
     if not lines:
         print("stockade: the policy admits everything these runs needed", file=sys.stderr)
     return 1 if lines else 0

@@ -38,6 +38,7 @@ from typing import Any
 
 from stockade.policy._hosts import normalize_host
 from stockade.policy._tables import SYSTEM_PATHS
+from stockade.policy._text import one_line, toml_string
 
 __all__ = [
     "FILE_SIBLINGS",
@@ -304,17 +305,21 @@ def _files(
                 out.lines.append(Line(section, path, tuple(seen[path])))
 
 
-def _q(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+# What learning observed is what the sandbox chose: a path, a request path, a method. It
+# reaches the suggested policy, a file the user then trusts, only as a TOML string
+# (toml_string escapes every control character) or inside a comment that stays one line
+# (one_line escapes line breaks): a name with a line break in it must not become a line
+# of the policy ("[layers]" then "egress = false").
+_q = toml_string
 
 
 def _why(line: Line) -> list[str]:
     lines = []
     if line.widening:
-        lines.append(f"    # WIDENING: {line.widening}")
+        lines.append(f"    # WIDENING: {one_line(line.widening)}")
     shown = line.needs[:3]
     for need in shown:
-        lines.append(f"    # needs: {need}")
+        lines.append(f"    # needs: {one_line(need)}")
     if len(line.needs) > len(shown):
         lines.append(f"    # needs: ... and {len(line.needs) - len(shown)} more observations")
     return lines
@@ -347,7 +352,7 @@ def _render(s: Suggestion) -> str:
     if s.section("hosts"):
         out += ["", "[network.hosts]"]
         for line in s.section("hosts"):
-            out.append(f"# needs: {line.needs[0]}")
+            out.append(f"# needs: {one_line(line.needs[0])}")
             out.append(f"{_q(line.value)} = {_q(str(line.extra['address']))}")
     rules: dict[tuple[str, tuple[str, ...]], list[Line]] = defaultdict(list)
     for line in s.section("rules"):
@@ -375,8 +380,8 @@ def _render(s: Suggestion) -> str:
         out.append("]")
     if s.refused or s.skipped:
         out += ["", "# Observed and not suggested:"]
-        out += [f"#   refused even in learning: {r}" for r in s.refused]
-        out += [f"#   {r}" for r in s.skipped[:200]]
+        out += [f"#   refused even in learning: {one_line(r)}" for r in s.refused]
+        out += [f"#   {one_line(r)}" for r in s.skipped[:200]]
         if len(s.skipped) > 200:
             out.append(f"#   ... and {len(s.skipped) - 200} more")
     return "\n".join(out) + "\n"
