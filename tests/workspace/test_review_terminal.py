@@ -72,3 +72,37 @@ def test_review_output_escapes_what_the_sandbox_wrote(world: World, who: str) ->
     assert "crlf.txt" in applied.stdout
     # escaping is for the screen only: the bytes applied are the bytes written
     assert (world.workspace / "a.txt").read_bytes().startswith(b"ok\x1b[1A\x1b[2K")
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_diff_never_reads_through_a_link_in_the_workspace(world: World, who: str) -> None:
+    # A cloned repository may hold a link to a host secret. The run cannot read through it
+    # (the files layer), but a run that replaces the link with a file makes the old side
+    # of the diff "the link": a reviewer (or the agent, through the MCP server's diff)
+    # must get the link's target text, never the content of the file it points to.
+    secret = world.root / "host-secret"
+    secret.write_text("HOST-SECRET-MATERIAL\n")
+    (world.workspace / "key").symlink_to(secret)
+    (world.workspace / "plain.txt").write_text("old text\n")
+    if who == "nobody":
+        # uid 65534 could read the secret itself: the test is about what the diff reads
+        secret.chmod(0o644)
+    proc = cli(
+        world,
+        who,
+        "run",
+        "--overlay",
+        "--",
+        "sh",
+        "-c",
+        "rm key; echo new > key; echo new > plain.txt",
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = run_id_of(proc)
+    for args in (("diff", run), ("diff", "--json", run)):
+        out = cli(world, who, *args)
+        assert out.returncode == 0, out.stderr
+        assert "HOST-SECRET-MATERIAL" not in out.stdout
+    diff = cli(world, who, "diff", run).stdout
+    assert f"-{secret}\n\\ No newline at end of file\n+new\n" in diff  # the link, as git shows it
+    assert "-old text\n+new\n" in diff  # the twin: a file's old content is shown

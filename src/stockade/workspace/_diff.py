@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 
 from stockade.workspace._changes import Change
@@ -12,14 +13,101 @@ from stockade.workspace._layer import Layer
 MAX_DIFF_BYTES = 4 << 20
 
 
-def _lines(path: str) -> list[str]:
+def _lines(data: bytes) -> list[str]:
     # Lines end at "\n" only, as git's do: str.splitlines would also break at "\r",
     # "\x1c" or "\u2028", and show one line of the file as two lines of the diff.
-    with open(path, "rb") as fh:
-        text = fh.read().decode("utf-8", "replace")
-    lines = [line + "\n" for line in text.split("\n")]
-    lines[-1] = lines[-1][:-1]
-    return lines if lines[-1] else lines[:-1]
+    # A last line without one carries git's marker as part of itself, so that "b" and
+    # "b\n" differ and the diff says why.
+    lines = [line + "\n" for line in data.decode("utf-8", "replace").split("\n")]
+    if lines[-1] == "\n":
+        return lines[:-1]
+    lines[-1] = lines[-1][:-1] + "\n\\ No newline at end of file\n"
+    return lines
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _parent_fd(root: str, rel: str) -> tuple[int, str] | None:
+    """A descriptor of ``rel``'s directory below ``root`` and ``rel``'s last name, every
+    directory on the way opened without following a symlink; None when one is a link,
+    missing or not a directory."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        return None
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return None
+    for part in parts[:-1]:
+        try:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = nxt
+    return fd, parts[-1]
+
+
+def _read(root: str, rel: str) -> bytes | None:
+    """The content of the regular file ``rel`` below ``root`` (at most one byte over
+    :data:`MAX_DIFF_BYTES`), reached without following any symlink; None for anything
+    else (a link, a FIFO, a device, gone).
+
+    The old side of a diff is the real workspace, where a cloned repository may hold
+    ``key -> ~/.ssh/id_ed25519``: a run that replaces that link with a file must get a
+    diff of the link's target text, never of the file it points to, which would print a
+    host secret to the reviewer (or, through the MCP server, to the agent).
+    """
+    found = _parent_fd(root, rel)
+    if found is None:
+        return None
+    dirfd, name = found
+    try:
+        # O_NONBLOCK: a FIFO in the tree must not hang the review (it is refused below)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dirfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        left = MAX_DIFF_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _link(root: str, rel: str) -> str | None:
+    """The target of the symlink ``rel`` below ``root`` (no link followed on the way)."""
+    found = _parent_fd(root, rel)
+    if found is None:
+        return None
+    dirfd, name = found
+    try:
+        return os.readlink(name, dir_fd=dirfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dirfd)
+
+
+def _is_binary(data: bytes) -> bool:
+    head = data[:8192]
+    if b"\0" in head:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut at the probe's end is still text.
+        return exc.start < len(head) - 3
+    return False
 
 
 def selected(changes: Iterable[Change], paths: Iterable[str]) -> list[Change]:
@@ -50,53 +138,33 @@ def diff_one(layer: Layer, change: Change) -> str:
     if change.type == "dir":
         return head if change.kind in ("mode",) else head + f"{change.kind} directory\n"
     if change.type == "symlink":
-        old = [] if change.kind == "added" else _target(os.path.join(workspace, old_rel))
+        target = None if change.kind == "added" else _link(workspace, old_rel)
+        old = [] if target is None else [f"{target}\n"]
         new = [] if change.kind == "deleted" else [f"{change.target}\n"]
         return head + "".join(difflib.unified_diff(old, new, a, b))
     if change.type != "file":
         return head + f"special file {change.kind}\n"
-    old_path = None if change.kind == "added" else os.path.join(workspace, old_rel)
-    new_path = None if change.kind == "deleted" else os.path.join(layer.upper, change.path)
-    if change.binary or _large(old_path) or _large(new_path) or _binary_old(old_path):
+    # Both sides read without following a link: the old one is the real workspace (a
+    # link there shows as its target text, as git shows one), the new one the layer.
+    old_data: bytes | None = None
+    if change.kind != "added":
+        old_data = _read(workspace, old_rel)
+        if old_data is None:
+            target = _link(workspace, old_rel)
+            old_data = None if target is None else target.encode()
+    new_data = None if change.kind == "deleted" else _read(str(layer.upper), change.path)
+    if change.kind != "deleted" and new_data is None:
+        return head + "cannot read: not a regular file in the layer\n"
+    old_name = a if change.kind != "added" else "/dev/null"
+    new_name = b if change.kind != "deleted" else "/dev/null"
+    sides = [d for d in (old_data, new_data) if d is not None]
+    if change.binary or any(len(d) > MAX_DIFF_BYTES or _is_binary(d) for d in sides):
         if change.kind == "renamed":
             return head
-        return (
-            head
-            + f"Binary files {a if old_path else '/dev/null'} and {b if new_path else '/dev/null'} differ\n"
-        )
-    try:
-        old = _lines(old_path) if old_path and os.path.isfile(old_path) else []
-        new = _lines(new_path) if new_path else []
-    except OSError as exc:
-        return head + f"cannot read: {exc.strerror}\n"
-    text = "".join(
-        difflib.unified_diff(
-            old, new, a if old_path else "/dev/null", b if new_path else "/dev/null"
-        )
-    )
-    if text and not text.endswith("\n"):
-        text += "\n\\ No newline at end of file\n"
-    return head + text
-
-
-def _target(path: str) -> list[str]:
-    try:
-        return [os.readlink(path) + "\n"]
-    except OSError:
-        return []
-
-
-def _large(path: str | None) -> bool:
-    try:
-        return path is not None and os.path.getsize(path) > MAX_DIFF_BYTES
-    except OSError:
-        return False
-
-
-def _binary_old(path: str | None) -> bool:
-    from stockade.workspace._changes import is_binary
-
-    return path is not None and os.path.isfile(path) and is_binary(path)
+        return head + f"Binary files {old_name} and {new_name} differ\n"
+    old = _lines(old_data) if old_data is not None else []
+    new = _lines(new_data) if new_data is not None else []
+    return head + "".join(difflib.unified_diff(old, new, old_name, new_name))
 
 
 def diff(layer: Layer, changes: Iterable[Change]) -> str:
