@@ -21,6 +21,15 @@ When the run is over (every process of the sandbox gone), stockade adopts what w
 
 and the result moves into the workspace's ``.git``. From the next run on it is an
 existing repository, protected like any other.
+
+A repository the sandbox makes (or changes) *below* the top, or in a write grant, cannot
+be staged: no mount point exists before the run for a name the sandbox has yet to pick.
+Left alone, it would be the sandbox's own configuration on the host: git run there obeys
+its ``core.fsmonitor``, and a shell prompt that shows git status runs git on every ``cd``.
+So when the last run of a workspace is over, :func:`sweep` looks for every ``.git`` below
+the writable roots that was made or changed since the first of those runs began, and
+gives each the same sanitizing as an adopted repository, in place. A repository the
+agent cloned keeps its remotes and branches and works as before.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from stockade import _roots
@@ -202,6 +212,89 @@ def _git_dirs(modules: Path) -> list[Path]:
                 out.append(sub)
             else:
                 stack.append(sub)
+    return out
+
+
+def _changed(paths: Iterable[Path], since: float) -> bool:
+    for path in paths:
+        try:
+            # ctime: no process can set it back (utimes sets mtime and moves ctime on)
+            if os.lstat(path).st_ctime >= since:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _repository_of(dotgit: Path, roots: tuple[Path, ...]) -> Path | None:
+    """The git directory a ``.git`` entry stands for, when it lies below ``roots`` (a
+    ``.git`` file or link to anywhere else names a directory the sandbox could not
+    write, so nothing it chose)."""
+    try:
+        if dotgit.is_symlink():
+            target = dotgit.resolve()
+        elif dotgit.is_file():
+            with open(dotgit, "rb") as fh:
+                text = fh.read(4096).decode("utf-8", "replace").strip()
+            if not text.startswith("gitdir:"):
+                return None
+            target = (dotgit.parent / text.removeprefix("gitdir:").strip()).resolve()
+        else:
+            return dotgit
+    except (OSError, RuntimeError):
+        return None
+    if not target.is_dir() or not any(target.is_relative_to(r) for r in roots):
+        return None
+    return target
+
+
+def new_repositories(
+    roots: Iterable[Path], since: float, skip: Collection[Path] = ()
+) -> list[Path]:
+    """Every git directory below ``roots`` that was made or changed at ``since`` or later
+    (a wall-clock time): its ``.git`` entry, the directory itself, its ``config`` or its
+    ``hooks``. ``skip``: git directories left alone (those protected read-only for the
+    run, the workspace's own). Every directory is listed (``.git`` directories are not
+    descended into); no link is followed on the way."""
+    tops = tuple(dict.fromkeys(r for r in roots if r.is_dir() and not r.is_symlink()))
+    skipped = set(skip)
+    found: dict[Path, None] = {}
+    stack = list(tops)
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == ".git":
+                dotgit = Path(entry.path)
+                repository = _repository_of(dotgit, tops)
+                if repository is None or repository in skipped or dotgit in skipped:
+                    continue
+                if _changed(
+                    (dotgit, repository, repository / "config", repository / "hooks"), since
+                ):
+                    found[repository] = None
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+    return list(found)
+
+
+def sweep(
+    roots: Iterable[Path], since: float, skip: Collection[Path] = ()
+) -> list[tuple[Path, list[str]]]:
+    """Sanitize every repository :func:`new_repositories` finds; each with what was
+    dropped. Call it only with no sandbox left that could write below ``roots``."""
+    out = []
+    for repository in new_repositories(roots, since, skip):
+        dropped: list[str] = []
+        try:
+            sanitize(repository, dropped)
+        except OSError as exc:
+            dropped.append(f"(not finished: {exc.strerror})")
+        out.append((repository, dropped))
     return out
 
 

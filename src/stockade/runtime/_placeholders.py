@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -23,6 +24,10 @@ from stockade._process import alive
 from stockade.enforce import paths
 
 _SHARED = "placeholders"
+#: the start time of the first live run of the workspace (for the repository sweep)
+_SINCE = "since"
+#: seconds: the kernel's coarse file-time clock against time.time()
+_CLOCK_MARGIN = 0.02
 
 
 def _registry(state_dir: Path, workspace: Path) -> Path:
@@ -84,6 +89,11 @@ class Claim:
     def __init__(self, state_dir: Path, workspace: Path, run_id: str) -> None:
         self.registry = _registry(state_dir, workspace)
         self.entry = self.registry / f"{os.getpid()}-{run_id}.run"
+        self.workspace = workspace
+        #: before the sandbox exists: every change it makes is at or after this
+        self.started = time.time()
+        self.roots: tuple[Path, ...] = ()
+        self.protected: frozenset[Path] = frozenset()
 
     def protect(
         self,
@@ -105,7 +115,42 @@ class Claim:
                 self.entry.unlink(missing_ok=True)  # refused: this run uses nothing
                 raise
             self._record(protection.created)
+            self.roots = (workspace, *(Path(w) for w in writable))
+            self.protected = frozenset(protection.existing)
+            if not [u for u in _users(self.registry) if u != self.entry.name]:
+                # the first of the runs that will share this workspace: the sweep of the
+                # last one out looks at everything made since this one began
+                (self.registry / _SINCE).write_text(repr(self.started))
             return protection
+
+    def sweep_repositories(self, *, workspace: bool = True) -> list[tuple[Path, list[str]]]:
+        """Sanitize the repositories made or changed below the writable roots since the
+        first live run of the workspace began (:func:`_newrepo.sweep`), when this run is
+        the last one of the workspace; [] while another still runs (it sweeps, and
+        meanwhile its sandbox could still write there). ``workspace``: whether the
+        workspace itself was writable (an overlay run's was not)."""
+        from stockade.runtime import _newrepo
+
+        with _locked(self.registry):
+            if [u for u in _users(self.registry) if u != self.entry.name]:
+                return []
+            since_file = self.registry / _SINCE
+            try:
+                since = min(float(since_file.read_text()), self.started)
+            except (OSError, ValueError):
+                since = self.started
+            roots = self.roots if workspace else self.roots[1:]
+            # The workspace's own .git is protected, or staged and adopted already;
+            # protected git directories (their config bound read-only) were not writable.
+            skip = {self.workspace / ".git"} | {
+                p.parent for p in self.protected if p.name == "config"
+            }
+            # File timestamps come from the kernel's coarse clock, which may trail
+            # time.time() by a tick (a few ms); ``started`` was taken before the sandbox
+            # existed, so a small margin loses nothing the sandbox did.
+            found = _newrepo.sweep(roots, since - _CLOCK_MARGIN, skip)
+            since_file.unlink(missing_ok=True)
+            return found
 
     def make(self, protection: paths.Protection) -> None:
         """Make the placeholders ``protect(..., defer=True)`` listed; OSError when one

@@ -412,6 +412,8 @@ def _execute(
 
                     _overlay.end(overlay_layer, returncode)
     finally:
+        if held.claim is not None:
+            _sweep_repositories(held.claim, not fs.overlay, audit, report)
         left = held.claim.release() if held.claim is not None else []
         for path in left:
             audit.decision(
@@ -567,6 +569,34 @@ def _adopt_repository(
             f"on the host; they were dropped: {', '.join(dropped[:5])}"
             + (" ..." if len(dropped) > 5 else "")
         )
+
+
+def _sweep_repositories(
+    claim: _placeholders.Claim, workspace: bool, audit: AuditLog, report: Callable[[str], None]
+) -> None:
+    """Sanitize the repositories the sandbox made or changed below the workspace or a
+    write grant (:func:`stockade.runtime._newrepo.sweep`), and say what was dropped."""
+    try:
+        found = claim.sweep_repositories(workspace=workspace)
+    except OSError as exc:
+        report(f"stockade: warning: the repositories below the workspace were not checked: {exc}")
+        return
+    for repository, dropped in found:
+        audit.emit(
+            "git_repository_sanitized",
+            layer="container",
+            verdict="report",
+            reason="path-protected",
+            path=str(repository),
+            dropped=dropped,
+        )
+        if dropped:
+            report(
+                f"stockade: warning: the repository at {repository} was made or changed by "
+                f"the sandbox and had {len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} "
+                f"that would run code on the host; they were dropped: {', '.join(dropped[:5])}"
+                + (" ..." if len(dropped) > 5 else "")
+            )
 
 
 def _report_nested_repositories(
