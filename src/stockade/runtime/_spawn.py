@@ -109,37 +109,71 @@ def _spawn_relayed(
     """The body of :func:`spawn` once the stdio targets are chosen."""
     with _pty.relay(terminal, *stdio) as relay:
         proc = popen(argv, env, cwd, *relay.stdio, pass_fds)
-        if request.handle is not None:
-            request.handle.attach(proc)  # from here on, another thread can kill the tree
-        relay.handed()
-        paused = start.paused if start is not None else None
-        # Forwarding is in place before the command is let go: a SIGTERM that arrives as
-        # soon as it runs must reach it, not kill stockade (the default action). One that
-        # arrives before goes to the sandbox's outermost process and ends it: the command
-        # never runs.
-        with _forwarding(proc, request.forward_signals, depth):
-            if start is not None:
-                start.release(proc)
-            on_started()
-            if console is not None:
-                master = console.receive_console(lambda: proc.poll() is None)
-                if master < 0:
-                    # runsc ended (or hung) before it made the pty: its status and message
-                    # say why, and the caller reports it as the sandbox's failure.
-                    kill_tree(proc)
-                    code = proc.wait()
-                    return (code if code >= 0 else 128 - code), False, None, None
-                relay.add_console(master)
-            relay.start()
+        with _pipes_closed(proc):
             try:
-                out, err = _communicate(proc, request.input, timeout, paused)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc)
-                out, err = proc.communicate()
-                return EXIT_TIMEOUT, True, out, err
+                return _wait(proc, request, timeout, depth, start, on_started, console, relay)
             except BaseException:
+                # Whatever ended the run first (a step after the start failed, a cancel),
+                # the sandbox does not outlive it, and it is reaped.
                 kill_tree(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
                 raise
+
+
+@contextlib.contextmanager
+def _pipes_closed(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Close the pipes Popen made to the sandbox however the run ends: communicate()
+    closes them on the way out it expects, not when a kill, a cancel or an error ends
+    the run first (their files were then left to the garbage collector)."""
+    try:
+        yield
+    finally:
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    request: RunRequest,
+    timeout: float | None,
+    depth: int,
+    start: Starter | None,
+    on_started: Callable[[], None],
+    console: Any,
+    relay: Any,
+) -> tuple[int, bool, bytes | None, bytes | None]:
+    """Let the started sandbox go and wait for it (the body of :func:`_spawn_relayed`)."""
+    if request.handle is not None:
+        request.handle.attach(proc)  # from here on, another thread can kill the tree
+    relay.handed()
+    paused = start.paused if start is not None else None
+    # Forwarding is in place before the command is let go: a SIGTERM that arrives as
+    # soon as it runs must reach it, not kill stockade (the default action). One that
+    # arrives before goes to the sandbox's outermost process and ends it: the command
+    # never runs.
+    with _forwarding(proc, request.forward_signals, depth):
+        if start is not None:
+            start.release(proc)
+        on_started()
+        if console is not None:
+            master = console.receive_console(lambda: proc.poll() is None)
+            if master < 0:
+                # runsc ended (or hung) before it made the pty: its status and message
+                # say why, and the caller reports it as the sandbox's failure.
+                kill_tree(proc)
+                code = proc.wait()
+                return (code if code >= 0 else 128 - code), False, None, None
+            relay.add_console(master)
+        relay.start()
+        try:
+            out, err = _communicate(proc, request.input, timeout, paused)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            out, err = proc.communicate()
+            return EXIT_TIMEOUT, True, out, err
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode, False, out, err
 
 
