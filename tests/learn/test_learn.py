@@ -612,3 +612,21 @@ def test_an_observed_name_never_becomes_a_line_of_the_suggested_policy(world: Wo
     # the twin: the observation is still there for the person to read, on one line
     assert "/nonexistent-\\n[layers]\\negress = false\\n#" in text
     assert world.stockade("check", "--policy", str(policy)).returncode == 0
+
+
+@pytest.mark.usefixtures("kernel")
+def test_a_run_directory_the_sandbox_could_write_is_refused(world: World) -> None:
+    # A second learning run (or any later run) could append an observation of its own
+    # to a run directory in the workspace, and suggest would propose its host.
+    require(os.path.exists(PYTHON), f"{PYTHON} is needed inside the sandbox")
+    inside = world.stockade("learn", "-o", "learnt", "--", "true", cwd=world.workspace)
+    assert inside.returncode == 125, inside.stderr
+    assert "outside the workspace" in inside.stderr
+    assert not (world.workspace / "learnt").exists()
+    # the twin: without -o, a directory in stockade's state, named on stderr
+    default = world.stockade("learn", "--", "true", cwd=world.workspace)
+    assert default.returncode == 0, default.stderr
+    run_dir = Path(default.stderr.split("Next: stockade policy suggest ")[1].split()[0])
+    assert (run_dir / "observations.jsonl").is_file()
+    assert not run_dir.is_relative_to(world.workspace)
+    assert world.stockade("policy", "suggest", str(run_dir)).returncode == 0

@@ -17,7 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "stockade learn [--runs N] [-o RUN_DIR] [--policy FILE] [--see DIR] -- CMD..."
     parser.add_argument("--runs", type=int, default=1, help="run the task N times (merged)")
     parser.add_argument(
-        "-o", "--out", default="stockade-learn", help="the run directory (default: stockade-learn)"
+        "-o",
+        "--out",
+        help="the run directory, outside the workspace "
+        "(default: a new one under $XDG_STATE_HOME/stockade/learn)",
     )
     parser.add_argument("--policy", help="the policy learning starts from")
     parser.add_argument("--workspace", help="the read-write root (default: the policy's)")

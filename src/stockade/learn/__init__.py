@@ -89,6 +89,32 @@ def _execute(
     )
 
 
+def _run_dir(out: str | os.PathLike[str] | None, learning: Policy, env: Mapping[str, str]) -> Path:
+    """Where the observations go: ``out``, or a new directory in stockade's state.
+
+    ``suggest`` turns what is written there into policy lines, so a sandbox that could
+    write there (the next learning run, any later run in the workspace) could append an
+    observation of its own and have a host of its choosing proposed: a place any learning
+    or run sandbox can write is refused, as an ``--audit`` log in the workspace is.
+    """
+    from stockade import _roots
+    from stockade._exceptions import PolicyError
+
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return _roots.state_dir(env) / "learn" / f"{stamp}-{os.getpid()}"
+    path = Path(os.path.abspath(os.path.expanduser(os.fspath(out))))
+    fs = learning.filesystem
+    why = _roots.sandbox_writable(path, (fs.workspace, *(Path(w) for w in fs.write)), env=env)
+    if why is not None:
+        raise PolicyError(
+            f"learn: the run directory {path}: {why}, and it could add observations "
+            "that policy suggest would turn into policy lines; put it outside the "
+            "workspace (or leave -o out: a directory in stockade's state is made)"
+        )
+    return path
+
+
 def learn(
     argv: Sequence[str],
     *,
@@ -108,14 +134,16 @@ def learn(
         policy: the policy learning starts from (its ``deny`` entries, pins, layers and
             ``env.pass`` stand); default: the usual search order.
         workspace: the read-write root (overrides the policy's).
-        out: the run directory; learning again into one adds runs (default:
-            ``./stockade-learn``).
+        out: the run directory; learning again into one adds runs (default: a new one
+            in stockade's state, ``$XDG_STATE_HOME/stockade/learn/``); one a sandbox
+            could write (the workspace, a write grant) is refused.
         runs: how many times the task runs (the observations merge).
         see: host directories made readable besides :data:`LEARN_VISIBLE`.
         cwd, timeout, env: as for :func:`stockade.run`.
 
     Raises:
-        PolicyError: the policy is invalid, or a ``see`` path is missing.
+        PolicyError: the policy is invalid, a ``see`` path is missing, or ``out`` lies
+            where a sandbox could write.
         Unavailable: the observer cannot run here (no launcher, gVisor).
         ValueError: ``runs`` below 1.
     """
@@ -127,8 +155,8 @@ def learn(
     base = _load(policy, workspace)
     see_paths = [Path(os.path.abspath(os.path.expanduser(os.fspath(p)))) for p in see]
     learning = learning_policy(base, see_paths)
-    run_dir = RunDir(Path(os.fspath(out)) if out is not None else Path("stockade-learn"))
     caller = dict(os.environ if env is None else env)
+    run_dir = RunDir(_run_dir(out, learning, caller))
     home = str(paths.caller_home(caller))
     passed = environment.build_environment(
         caller,
