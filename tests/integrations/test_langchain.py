@@ -4,6 +4,7 @@ langchain-core's fake chat model emitting tool calls."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -105,3 +106,27 @@ def test_deep_agent_execute_and_files(agent_world: AgentWorld) -> None:
         assert down[1].error == "permission_denied"
     assert (agent_world.workspace / "made.txt").exists()
     agent_world.assert_world_after_attack()
+
+
+def test_the_shells_pipes_are_closed_once_read_to_their_end(agent_world: AgentWorld) -> None:
+    # The middleware reads the shell's output to its end and never closes it: left open,
+    # its pipe files reached the garbage collector, whose ResourceWarning then failed an
+    # unrelated later test. Read to the end, they close.
+    import gc
+    import time
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        out = shell_agent(agent_world, ["echo still-works"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            gc.collect()
+            if not [t for t in threading.enumerate() if t.name == "stockade-shell"]:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # the middleware's readers see the end just after the shell
+        gc.collect()
+    assert "still-works" in out[0]  # the twin: the shell's output arrives whole
+    leaks = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    assert leaks == []

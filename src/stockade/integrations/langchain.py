@@ -20,6 +20,7 @@ layer filters is ``caller_env`` (default ``os.environ``). Needs
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import threading
@@ -33,6 +34,30 @@ from langchain.agents.middleware._execution import BaseExecutionPolicy
 import stockade
 
 __all__ = ["StockadeExecutionPolicy"]
+
+
+class _ClosedAtEnd(io.TextIOWrapper):
+    """A text stream that closes itself once a read reaches its end (nothing more can
+    come from a pipe whose writer is gone)."""
+
+    @classmethod
+    def around(cls, stream: Any) -> Any:
+        if stream is None:
+            return None
+        return cls(stream.detach(), encoding="utf-8", errors="replace", write_through=True)
+
+    # typeshed's TextIOWrapper inherits a bytes readline from _IOBase beside its own
+    def readline(self, size: int | None = -1, /) -> str:  # type: ignore[override]
+        line = super().readline(-1 if size is None else size)
+        if not line and size != 0:
+            self.close()
+        return line
+
+    def read(self, size: int | None = -1, /) -> str:
+        data = super().read(size)
+        if not data and size != 0:
+            self.close()
+        return data
 
 
 @dataclass
@@ -66,6 +91,11 @@ class StockadeExecutionPolicy(BaseExecutionPolicy):
             stderr=subprocess.PIPE,
             text=True,
         )
+
+        # The middleware reads the shell's output line by line to its end and never closes
+        # it (so it would reach the garbage collector open): read to the end, it closes.
+        proc.stdout = _ClosedAtEnd.around(proc.stdout)
+        proc.stderr = _ClosedAtEnd.around(proc.stderr)
 
         def close_when_done() -> None:
             # The run's own error (if any) is the shell's end; the middleware sees it die.
