@@ -178,6 +178,26 @@ def test_trust_lapses_when_the_file_changes(world: World, kernel: None) -> None:
     assert "CHANGED since you trusted it" in world.stockade("check").stdout
 
 
+def test_trust_says_what_pinning_the_file_opens(world: World) -> None:
+    # A file a cloned repository (or a sandbox, in a subdirectory) wrote may ask for
+    # anything: the person pinning it is shown what it opens beside their own policy.
+    _policy(
+        world,
+        'version = 1\n[network]\nallow = ["evil.test"]\n[env]\nset = { LD_PRELOAD = "/x.so" }\n'
+        "[layers]\nsyscalls = false\n",
+    )
+    proc = world.stockade("trust")
+    assert proc.returncode == 0, proc.stderr
+    assert "network.allow adds: evil.test" in proc.stdout
+    assert "env.set sets: LD_PRELOAD=/x.so" in proc.stdout
+    assert "layers switched off: syscalls" in proc.stdout
+    # the twin: a file that only tightens opens nothing, and says nothing more
+    _policy(world, "version = 1\n[limits]\npids = 64\n")
+    proc = world.stockade("trust")
+    assert proc.returncode == 0, proc.stderr
+    assert "compared with your own policy" not in proc.stdout
+
+
 def test_trust_as_nobody(world: World, kernel: None) -> None:
     _policy(world, '[network]\nallow = ["a.test"]\n')
     assert as_nobody(world, "run", "--", "true").returncode == 125

@@ -64,10 +64,27 @@ def execute(args: argparse.Namespace) -> int:
     except UnicodeDecodeError:
         raise PolicyError(f"{path}: not UTF-8 text; save the policy as UTF-8") from None
     # Validated as it will be read: the user's own policy, with its workspace.
-    parse_policy_text(text, str(path), workspace=path.parent)
+    trusted = parse_policy_text(text, str(path), workspace=path.parent)
+    from stockade.policy import load_policy
+    from stockade.policy._load import user_policy_path
+    from stockade.policy._trust import widenings
+
+    # Against the user's own policy (which a trusted file replaces), so the person sees
+    # what pinning opens: the file may come from a cloned repository, or from a sandbox
+    # that wrote it in a subdirectory it could write.
+    user = user_policy_path()
+    if user.is_file():
+        now = load_policy(user, workspace=path.parent)
+    else:
+        now = parse_policy_text("", "built-in", workspace=path.parent)
     digest = store.add(path, data)
     print(
         f"stockade: trusted {path} ({digest[:19]}): runs in {path.parent} now read it as "
         "your own policy; any change to the file lapses this (stockade check shows it)"
     )
+    opened = widenings(now, trusted)
+    if opened:
+        print("stockade: compared with your own policy, it:")
+        for line in opened:
+            print(f"  {line}")
     return 0

@@ -19,11 +19,15 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from stockade import _roots
 from stockade._exceptions import PolicyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from stockade.policy._model import Policy
 
 __all__ = ["TrustStore", "file_digest"]
 
@@ -114,3 +118,86 @@ class TrustStore:
             os.replace(tmp, self.path)
         finally:
             os.close(lock)
+
+
+def widenings(now: Policy, trusted: Policy) -> list[str]:
+    """What ``trusted`` (a workspace file read as the user's own) grants that ``now``
+    (the policy runs there get today) does not, one line each, for the person about to
+    pin it: ``stockade trust`` prints them, since a file the sandbox or a cloned
+    repository wrote could ask for any of these."""
+    from stockade._record import fields
+    from stockade.policy._text import one_line
+
+    out: list[str] = []
+
+    def more(what: str, before: Sequence[object], after: Sequence[object]) -> None:
+        extra = [x for x in after if x not in before]
+        if extra:
+            out.append(f"{what}: {', '.join(one_line(str(x)) for x in extra)}")
+
+    more("network.allow adds", now.network.allow, trusted.network.allow)
+    gone = [d for d in now.network.deny if d not in trusted.network.deny]
+    if gone:
+        out.append(f"network.deny loses: {', '.join(one_line(d) for d in gone)}")
+    more(
+        "network.hosts pins",
+        [f"{k} = {v}" for k, v in now.network.hosts.items()],
+        [f"{k} = {v}" for k, v in trusted.network.hosts.items()],
+    )
+    more(
+        "network.rules allow",
+        [r for r in now.network.rules if r.action != "deny"],
+        [r for r in trusted.network.rules if r.action != "deny"],
+    )
+    if trusted.network.upstream is not None and trusted.network.upstream != now.network.upstream:
+        out.append(f"network.upstream: {one_line(trusted.network.upstream.proxy)}")
+    if trusted.filesystem.workspace != now.filesystem.workspace:
+        out.append(f"filesystem.workspace: {trusted.filesystem.workspace}")
+    more("filesystem.read adds", now.filesystem.read, trusted.filesystem.read)
+    more("filesystem.write adds", now.filesystem.write, trusted.filesystem.write)
+    gone = [d for d in now.filesystem.deny if d not in trusted.filesystem.deny]
+    if gone:
+        out.append(f"filesystem.deny loses: {', '.join(one_line(d) for d in gone)}")
+    more(
+        "env.pass adds",
+        [e.name + (" (secret)" if e.allow_secret else "") for e in now.env.pass_],
+        [e.name + (" (secret)" if e.allow_secret else "") for e in trusted.env.pass_],
+    )
+    more(
+        "env.set sets",
+        [f"{k}={v}" for k, v in now.env.set.items()],
+        [f"{k}={v}" for k, v in trusted.env.set.items()],
+    )
+    more(
+        "secrets binds",
+        [f"{s.name} to {', '.join(s.hosts)}" for s in now.secrets],
+        [f"{s.name} to {', '.join(s.hosts)}" for s in trusted.secrets],
+    )
+    off = [
+        name
+        for name in fields(now.layers)
+        if getattr(now.layers, name) is True and getattr(trusted.layers, name) is False
+    ]
+    if off:
+        out.append(f"layers switched off: {', '.join(off)}")
+    if trusted.container.backend != now.container.backend:
+        out.append(f"container.backend: {trusted.container.backend}")
+    if trusted.container.allow_degraded and not now.container.allow_degraded:
+        out.append("container.allow_degraded: true")
+    raised = [
+        name
+        for name in ("pids", "memory", "file_size", "cpu_seconds", "wall_seconds")
+        if _looser(getattr(now.limits, name), getattr(trusted.limits, name))
+    ]
+    if raised:
+        out.append(f"limits raised: {', '.join(raised)}")
+    if trusted.mcp.allow_always and not now.mcp.allow_always:
+        out.append("mcp.allow_always: true")
+    return out
+
+
+def _looser(before: float, after: float) -> bool:
+    # 0 is "no limit" for cpu and wall time
+    if before == after:
+        return False
+    return after == 0 or (before != 0 and after > before)
