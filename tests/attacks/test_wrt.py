@@ -180,7 +180,16 @@ def test_wrt_02_03_host_git_runs_nothing(arena: Arena, protected: Result) -> Non
     assert protected["twin:git"]["out"].strip() == "1"
     assert (arena.workspace / ".cache" / "tool" / "f").read_text() == "ok\n"
     # Placeholders for missing protected paths are gone after the run.
-    for name in (".claude", ".cursor", ".vscode", ".idea", ".husky", ".devcontainer", ".envrc"):
+    for name in (
+        ".claude",
+        ".cursor",
+        ".vscode",
+        ".idea",
+        ".husky",
+        ".devcontainer",
+        ".envrc",
+        ".gemini",
+    ):
         assert not (arena.workspace / name).exists(), name
     log = _host_git(arena, "log", "--oneline")
     assert len(log.stdout.splitlines()) == 2  # "inside" and "host"

@@ -21,7 +21,7 @@ from pathlib import Path
 from stockade._exceptions import SandboxError
 from stockade._record import record
 from stockade._roots import Narrowed
-from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED
+from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED, HOOK_MANAGERS
 
 #: Locations under HOME that hold credentials; never bound into the sandbox, even when a
 #: PATH entry points into them.
@@ -91,7 +91,18 @@ TOOLCHAIN_ROOTS: tuple[str, ...] = (
 #: Protected names that get a placeholder when missing, so they cannot be created inside.
 #: (Inside git directories, :func:`_git_protection` decides; .git itself is protected
 #: when the workspace is not a repository, so no repository can be created.)
-_DIR_PLACEHOLDERS = (".claude", ".cursor", ".vscode", ".idea", ".husky", ".devcontainer")
+_DIR_PLACEHOLDERS = (
+    ".claude",
+    ".cursor",
+    ".vscode",
+    ".idea",
+    ".husky",
+    ".devcontainer",
+    ".gemini",
+)
+# (mise's files are protected where they exist but get no placeholder: mise trusts a
+# config file by its path, and one it has never seen is not trusted, so only an existing
+# one can be turned into code; a visible empty mise.toml in every workspace would be.)
 _FILE_PLACEHOLDERS = (".mcp.json", ".envrc", ".gitmodules", "stockade.toml", "HEAD")
 #: An empty commondir makes git fail, so its placeholder says "." (the git directory
 #: itself), which changes nothing.
@@ -535,7 +546,41 @@ def _git_protection(top: Path, roots: tuple[Path, ...]) -> _GitPlan:
                 plan.existing.append(hooks)
             elif os.path.isdir(hooks.parent):
                 plan.dirs.append(hooks)
+        run_hooks = hooks if hooks is not None else (target / "hooks" if target else None)
+        for name in _hook_manager_configs(run_hooks):
+            # The installed hook runs whatever this file of the worktree says.
+            path = top / name
+            if os.path.lexists(path):
+                plan.existing.append(path)
+            elif _root_of(top, roots) is not None:
+                plan.files.append(path)
     return plan
+
+
+def _hook_manager_configs(hooks: Path | None) -> list[str]:
+    """The configuration files (at the worktree's top) of the git hook managers whose
+    hooks are installed in ``hooks``: pre-commit, lefthook and overcommit install a
+    hook that runs the commands their file in the tree names, so with one installed that
+    file is code the host runs on the next commit, as a hook itself would be."""
+    if hooks is None:
+        return []
+    try:
+        entries = [e for e in os.scandir(hooks) if not e.name.endswith(".sample")]
+    except OSError:
+        return []
+    found: dict[str, None] = {}
+    for entry in entries[:64]:
+        try:
+            if not entry.is_file(follow_symlinks=False) or entry.stat().st_size > 1 << 20:
+                continue
+            with open(entry.path, "rb") as fh:
+                head = fh.read(8192)
+        except OSError:
+            continue
+        for marker, names in HOOK_MANAGERS:
+            if marker in head:
+                found.update(dict.fromkeys(names))
+    return list(found)
 
 
 def _empty_dir(path: Path) -> bool:

@@ -102,7 +102,28 @@ DEFAULT_PROTECTED: tuple[str, ...] = (
     ".husky",
     ".envrc",
     ".devcontainer",
+    ".gemini",
+    ".mise",
+    "mise.toml",
+    ".mise.toml",
     "stockade.toml",
+)
+
+#: Git hook managers: a marker their installed hook holds, and the files of the worktree
+#: whose commands that hook runs. Protected (with placeholders) in a repository whose
+#: hooks hold the marker (:func:`stockade.enforce.paths._hook_manager_configs`).
+HOOK_MANAGERS: tuple[tuple[bytes, tuple[str, ...]], ...] = (
+    (b"pre-commit", (".pre-commit-config.yaml",)),
+    (
+        b"lefthook",
+        tuple(
+            f"{dot}lefthook{local}.{ext}"
+            for dot in ("", ".")
+            for local in ("", "-local")
+            for ext in ("yml", "yaml", "toml", "json")
+        ),
+    ),
+    (b"overcommit", (".overcommit.yml",)),
 )
 
 #: Environment variables always taken from the caller when set.
