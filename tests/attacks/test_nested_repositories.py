@@ -16,20 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.attacks.test_trust_boundary import _git_env
 from tests.conftest import World, as_nobody
 
 pytestmark = pytest.mark.usefixtures("kernel")
-
-
-def _env(world: World) -> dict[str, str]:
-    return {
-        **world.env,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
 
 
 def _host_git(
@@ -41,7 +31,7 @@ def _host_git(
         [*(setpriv if who == "nobody" else []), "git", "-C", str(where), *args],
         capture_output=True,
         text=True,
-        env={**_env(world), "HOME": "/nonexistent"} if who == "nobody" else _env(world),
+        env={**_git_env(world), "HOME": "/nonexistent"} if who == "nobody" else _git_env(world),
     )
 
 
@@ -64,12 +54,14 @@ def test_a_repository_made_below_the_top_runs_nothing_on_the_host(world: World, 
     (world.workspace / "sub" / "f").write_text("x\n")
     script = f"cd sub && {_plant(marker)} && mkdir -p ../a/b/c/d/e && cd ../a/b/c/d/e && touch g && {_plant(marker)}"
     args = ("run", "--", "sh", "-c", script)
-    proc = as_nobody(world, *args) if who == "nobody" else world.stockade(*args, env=_env(world))
+    proc = (
+        as_nobody(world, *args) if who == "nobody" else world.stockade(*args, env=_git_env(world))
+    )
     assert proc.stdout.count("PLANTED") == 2, proc.stderr
     assert "core.fsmonitor" in proc.stderr  # said, not silent
     for where in (world.workspace / "sub", world.workspace / "a/b/c/d/e"):
-        for args in (("status",), ("st",), ("checkout", "-q", "-b", "x")):
-            _host_git(world, where, *args, who=who)
+        for git_args in (("status",), ("st",), ("checkout", "-q", "-b", "x")):
+            _host_git(world, where, *git_args, who=who)
         assert not marker.exists(), where
         # the twin: the repository is there, with its history and its remote
         log = _host_git(world, where, "log", "--format=%s", who=who)
@@ -85,7 +77,7 @@ def test_a_git_file_pointing_into_the_workspace_is_swept_too(world: World) -> No
         f"&& git config core.fsmonitor 'touch {marker}; false' && git config core.bare false "
         "&& cd ../sub && printf 'gitdir: ../.hidden\\n' > .git && echo PLANTED"
     )
-    proc = world.stockade("run", "--", "sh", "-c", script, env=_env(world))
+    proc = world.stockade("run", "--", "sh", "-c", script, env=_git_env(world))
     assert "PLANTED" in proc.stdout, proc.stderr
     _host_git(world, world.workspace / "sub", "status")
     assert not marker.exists()
@@ -99,7 +91,7 @@ def test_a_deep_existing_repository_the_sandbox_rewrites_is_swept(world: World) 
     deep.mkdir(parents=True)
     assert _host_git(world, deep, "init", "-q").returncode == 0
     script = f"cd v/w/x/y/lib && git config core.fsmonitor 'touch {marker}; false' && echo WROTE"
-    proc = world.stockade("run", "--", "sh", "-c", script, env=_env(world))
+    proc = world.stockade("run", "--", "sh", "-c", script, env=_git_env(world))
     assert "WROTE" in proc.stdout, proc.stderr
     _host_git(world, deep, "status")
     assert not marker.exists()
@@ -124,7 +116,9 @@ def test_repositories_the_run_did_not_touch_keep_their_configuration(world: Worl
     policy.write_text(f'[filesystem]\nwrite = ["{granted}"]\n')
     marker = world.root / "HOST-RAN"
     script = f"echo edit > README && cd {granted} && mkdir r && cd r && touch g && {_plant(marker)}"
-    proc = world.stockade("run", "--policy", str(policy), "--", "sh", "-c", script, env=_env(world))
+    proc = world.stockade(
+        "run", "--policy", str(policy), "--", "sh", "-c", script, env=_git_env(world)
+    )
     assert "PLANTED" in proc.stdout, proc.stderr
     for repo in (top, shallow, deep):
         assert _host_git(world, repo, "config", "alias.mine").stdout.strip() == "status", repo

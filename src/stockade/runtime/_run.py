@@ -563,12 +563,15 @@ def _adopt_repository(
             dropped=dropped,
         )
     if dropped:
-        report(
-            f"stockade: warning: the repository the sandbox made at {staged.target} had "
-            f"{len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} that would run code "
-            f"on the host; they were dropped: {', '.join(dropped[:5])}"
-            + (" ..." if len(dropped) > 5 else "")
-        )
+        report(_dropped_warning(f"the repository the sandbox made at {staged.target}", dropped))
+
+
+def _dropped_warning(which: str, dropped: list[str]) -> str:
+    return (
+        f"stockade: warning: {which} had {len(dropped)} entr"
+        f"{'y' if len(dropped) == 1 else 'ies'} that would run code on the host; they were "
+        f"dropped: {', '.join(dropped[:5])}" + (" ..." if len(dropped) > 5 else "")
+    )
 
 
 def _sweep_repositories(
@@ -591,12 +594,8 @@ def _sweep_repositories(
             dropped=dropped,
         )
         if dropped:
-            report(
-                f"stockade: warning: the repository at {repository} was made or changed by "
-                f"the sandbox and had {len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} "
-                f"that would run code on the host; they were dropped: {', '.join(dropped[:5])}"
-                + (" ..." if len(dropped) > 5 else "")
-            )
+            which = f"the repository at {repository}, made or changed by the sandbox,"
+            report(_dropped_warning(which, dropped))
 
 
 def _report_nested_repositories(

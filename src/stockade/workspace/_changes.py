@@ -148,6 +148,12 @@ def is_binary(path: str) -> bool:
             head = fh.read(_BINARY_PROBE)
     except OSError:
         return False
+    return looks_binary(head)
+
+
+def looks_binary(data: bytes) -> bool:
+    """Whether ``data``'s first 8 KiB hold a NUL byte or are not UTF-8."""
+    head = data[:_BINARY_PROBE]
     if b"\0" in head:
         return True
     try:

@@ -6,7 +6,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from stockade.workspace._changes import Change
+from stockade.workspace._changes import Change, looks_binary
 from stockade.workspace._layer import Layer
 
 #: files larger than this are named, not diffed (a diff of them helps no reviewer)
@@ -98,18 +98,6 @@ def _link(root: str, rel: str) -> str | None:
         os.close(dirfd)
 
 
-def _is_binary(data: bytes) -> bool:
-    head = data[:8192]
-    if b"\0" in head:
-        return True
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        # A multi-byte character cut at the probe's end is still text.
-        return exc.start < len(head) - 3
-    return False
-
-
 def selected(changes: Iterable[Change], paths: Iterable[str]) -> list[Change]:
     """The changes at or below any of ``paths`` (workspace-relative); all when empty."""
     wanted = [p.strip("/") for p in paths]
@@ -158,7 +146,7 @@ def diff_one(layer: Layer, change: Change) -> str:
     old_name = a if change.kind != "added" else "/dev/null"
     new_name = b if change.kind != "deleted" else "/dev/null"
     sides = [d for d in (old_data, new_data) if d is not None]
-    if change.binary or any(len(d) > MAX_DIFF_BYTES or _is_binary(d) for d in sides):
+    if change.binary or any(len(d) > MAX_DIFF_BYTES or looks_binary(d) for d in sides):
         if change.kind == "renamed":
             return head
         return head + f"Binary files {old_name} and {new_name} differ\n"
