@@ -53,7 +53,7 @@ def test_sandbox_runs_share_one_layer_then_apply(ws: Path, world: World) -> None
         assert [c.path for c in sb.changes()] == ["a.txt", "d", "d/x"]
         assert "-hello\n+one\n" in sb.diff(["a.txt"])
         outcomes = sb.apply(["a.txt"])
-        assert [(o.path, o.action) for o in outcomes] == [("a.txt", "applied")]
+        assert [(o.path, o.action) for o in outcomes] == [("a.txt", "applied")], outcomes
         assert (ws / "a.txt").read_text() == "one\n"
         assert [c.path for c in sb.changes()] == ["d", "d/x"]
         # after an apply, a later run still works on the same layer, and applies again

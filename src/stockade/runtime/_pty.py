@@ -44,6 +44,10 @@ either: its messages come through a pipe to the caller's 2.
 
 When no pty or pipe can be had (the kernel's limits), the run is refused with exit 125:
 never run with the terminal held.
+
+What is relayed to a terminal passes :class:`._escapes.TerminalFilter`: the sequences
+that would set the clipboard, move files, or make the terminal type an answer into the
+host shell's input are dropped; everything a program draws with goes through.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import time
 from stockade._exceptions import SandboxError
 from stockade._record import record
 from stockade.runtime import _terminal
+from stockade.runtime._escapes import TerminalFilter
 
 # typing costs ~5 ms to import; it is only needed by type checkers here.
 TYPE_CHECKING = False
@@ -168,6 +173,8 @@ class _Channel:
         self.winsize = b""
         #: ``sink`` is a descriptor of the relay's own (closed at the end)
         self.own_sink = False
+        #: every sink is a person's terminal: what the output may ask of it (:mod:`._escapes`)
+        self.filter = TerminalFilter()
 
 
 class Relay:
@@ -419,7 +426,7 @@ class Relay:
                     self._close_source(sel, channel)
                 elif channel.sink >= 0:
                     try:
-                        _write_all(channel.sink, data)
+                        _write_all(channel.sink, channel.filter.feed(data))
                     except OSError:
                         channel.sink = -1  # the caller's terminal went away
         else:
