@@ -129,6 +129,8 @@ def test_the_python_it_becomes_imports_nothing_from_the_working_directory(
 @pytest.mark.usefixtures("kernel")
 def test_without_a_server_the_run_happens_in_python(world: World, frontend: str) -> None:
     world.command = [frontend]
+    # Not one started on first use either (tests/cli/test_server_autostart.py).
+    world.env["STOCKADE_SERVER"] = "manual"
     proc = world.stockade("run", "--", "sh", "-c", "cat ~/.ssh/id_ed25519; echo ran; exit 6")
     assert proc.returncode == 6, proc.stderr
     assert proc.stdout == "ran\n"

@@ -66,7 +66,9 @@ def test_an_unprivileged_user_is_served_by_the_compiled_front_end(world: World) 
     finally:
         stop = as_nobody(world, "server", "stop", command=front)
         assert stop.returncode == 0, stop.stdout + stop.stderr
-    # The twin: no server, and the front end runs the command in Python, just the same.
+    # The twin: no server, and the front end runs the command in Python, just the same
+    # (starting none: tests/cli/test_server_autostart.py).
+    world.env["STOCKADE_SERVER"] = "manual"
     proc = as_nobody(world, "run", "--", "sh", "-c", "cat ~/.ssh/id_ed25519; exit 5", command=front)
     assert proc.returncode == 5, proc.stderr
     assert world.canary not in proc.stdout + proc.stderr

@@ -26,10 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -190,40 +193,128 @@ static void declined(int sock, int reply)
     fprintf(stderr, "stockade: the run server declined (%s); running here\n", reason);
 }
 
-/* The connection to this user's server, or -1. */
-static int connect_server(void)
+/* The path of this installation's server file with `suffix` (".sock", ".lock", ".log"),
+ * or -1 when it does not fit in `size` bytes or no directory can be named. */
+static int server_file(char *out, size_t size, const char *suffix)
 {
     const char *state = getenv("XDG_STATE_HOME");
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
     int n;
     if (state != NULL && *state != '\0') {
-        n = snprintf(path, sizeof path, "%s/stockade/server/%s.sock", state, STOCKADE_KEY);
+        n = snprintf(out, size, "%s/stockade/server/%s%s", state, STOCKADE_KEY, suffix);
     } else {
         /* Python's expanduser("~") without HOME asks the password database; leave that
          * rare case to the Python client. */
         const char *home = getenv("HOME");
         if (home == NULL || *home == '\0')
             return -1;
-        n = snprintf(path, sizeof path, "%s/.local/state/stockade/server/%s.sock", home,
-                     STOCKADE_KEY);
+        n = snprintf(out, size, "%s/.local/state/stockade/server/%s%s", home, STOCKADE_KEY,
+                     suffix);
     }
+    return n < 0 || (size_t)n >= size ? -1 : n;
+}
+
+/* The connection to this user's server, or -1; `nobody` is set when no server listens
+ * there at all (no socket, or one a dead server left), the case an auto-start is for. */
+static int connect_server(int *nobody)
+{
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (n < 0 || (size_t)n >= sizeof addr.sun_path)
+    *nobody = 0;
+    int n = server_file(addr.sun_path, sizeof addr.sun_path, ".sock");
+    if (n < 0)
         return -1;
-    memcpy(addr.sun_path, path, (size_t)n + 1);
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
         return -1;
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        *nobody = errno == ENOENT || errno == ECONNREFUSED;
+        close(sock);
+        return -1;
+    }
     struct ucred peer;
     socklen_t size = sizeof peer;
-    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 ||
-        peer.uid != geteuid()) {
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0 || peer.uid != geteuid()) {
         /* Only a server of this user gets our environment and descriptors. */
         close(sock);
         return -1;
     }
     return sock;
+}
+
+/* Make `path` and its missing parents; the last one mode 0700 (as the Python server's
+ * _private_dir). 0, or -1 when a directory cannot be made (a read-only state
+ * directory, as inside a sandbox: then nothing is started). */
+static int make_dirs(char *path)
+{
+    for (char *p = path + 1; *p != '\0'; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        int made = mkdir(path, 0777);
+        *p = '/';
+        if (made != 0 && errno != EEXIST)
+            return -1;
+    }
+    return mkdir(path, 0700) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* Start this installation's run server in the background, on first use (docs/server.md):
+ * `stockade server run` in a new session, detached from this process (the run itself
+ * goes on here, in Python, meanwhile). Nothing is started when the server directory is
+ * not this user's alone (0700) or cannot be written, or when a server holds its lock
+ * (running, or starting). Whatever fails here only means the next run is not served. */
+static void start_server(void)
+{
+    char dir[PATH_MAX], lock_path[PATH_MAX], log_path[PATH_MAX];
+    if (server_file(lock_path, sizeof lock_path, ".lock") < 0 ||
+        server_file(log_path, sizeof log_path, ".log") < 0)
+        return;
+    memcpy(dir, lock_path, sizeof dir);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        return;
+    *slash = '\0';
+    struct stat st;
+    if (make_dirs(dir) != 0 || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || (st.st_mode & 077) != 0 || access(dir, W_OK) != 0)
+        return;
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock < 0)
+        return;
+    int free_now = flock(lock, LOCK_EX | LOCK_NB) == 0;
+    close(lock); /* the server takes the lock itself; two starters: one of them stays */
+    if (!free_now)
+        return;
+    pid_t child = fork();
+    if (child < 0)
+        return;
+    if (child > 0) {
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+            ;
+        return;
+    }
+    /* The child: a new session, then a grandchild that is nobody's child of ours. */
+    if (setsid() < 0 || fork() != 0)
+        _exit(0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int log = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (null < 0 || log < 0 || dup2(null, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0 ||
+        chdir("/") != 0)
+        _exit(1);
+    /* Nothing of the caller's stays open in the server. */
+    for (int fd = 3; fd < 1024; fd++)
+        close(fd);
+    if (setenv("STOCKADE_SERVER_AUTOSTART", "1", 1) != 0)
+        _exit(1);
+    /* -P, as for the Python CLI: no directory of the caller's (the workspace) is on
+     * sys.path of a server that outlives this caller and serves the next ones. */
+    char *args[] = {STOCKADE_PYTHON, "-P", "-c",
+                    "import sys; from stockade.cli import main; sys.exit(main())",
+                    "server", "run", NULL};
+    execv(STOCKADE_PYTHON, args);
+    _exit(1);
 }
 
 /* The request: fields separated by NUL, as _client.parse_request reads them. */
@@ -380,10 +471,11 @@ static int wait_status(int sock)
     return EXIT_STOCKADE_ERROR;
 }
 
-/* Run `stockade ARGS` in the server: its exit code, or DECLINED to run it in Python. */
-static int served(int argc, char **argv)
+/* Run `stockade ARGS` in the server: its exit code, or DECLINED to run it in Python
+ * (`nobody`: no server listens). */
+static int served(int argc, char **argv, int *nobody)
 {
-    int sock = connect_server();
+    int sock = connect_server(nobody);
     if (sock < 0)
         return DECLINED;
     int wait_ms = timeout_ms();
@@ -431,11 +523,16 @@ static int served(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    const char *off = getenv("STOCKADE_SERVER");
-    if (argc >= 2 && strcmp(argv[1], "run") == 0 && (off == NULL || strcmp(off, "0") != 0)) {
-        int code = served(argc - 1, argv + 1);
+    /* STOCKADE_SERVER: "0" never asks a server; "manual" asks one started by hand and
+     * never starts one; anything else also starts one when none listens. */
+    const char *mode = getenv("STOCKADE_SERVER");
+    if (argc >= 2 && strcmp(argv[1], "run") == 0 && (mode == NULL || strcmp(mode, "0") != 0)) {
+        int nobody = 0;
+        int code = served(argc - 1, argv + 1, &nobody);
         if (code != DECLINED)
             return code;
+        if (nobody && (mode == NULL || strcmp(mode, "manual") != 0))
+            start_server();
         become_python(argc, argv, 1);
     }
     become_python(argc, argv, 0);

@@ -276,6 +276,15 @@ def serve(path: str, idle: float) -> int:
 
     sock_path = Path(path)
     _private_dir(sock_path.parent)
+    # One server per installation and user: the lock is held for the server's life (a
+    # second server, two front ends starting one at once, exits here), so that no
+    # server can take over another's socket and leave it listening where nobody calls.
+    lock = _take_lock(sock_path.with_suffix(".lock"))
+    if lock is None:
+        print(f"stockade server: already running (or starting) on {path}", file=sys.stderr)
+        return EXIT_STOCKADE_ERROR
+    # Started by the compiled front end on first use (docs/server.md), not by hand.
+    auto = os.environ.pop("STOCKADE_SERVER_AUTOSTART", None) == "1"
     watched = _warm()
     # Workers are forks: keep the collector from walking (and so copying) every page
     # of the warm heap in each of them.
@@ -294,7 +303,7 @@ def serve(path: str, idle: float) -> int:
     listener.listen(64)
     ours = os.stat(path).st_ino
     audit = AuditLog(f"server-{_client.installation_key()}", sock_path.with_suffix(".jsonl"))
-    audit.emit("server_start", pid=os.getpid(), socket=path)
+    audit.emit("server_start", pid=os.getpid(), socket=path, auto=auto)
     stopping = False
 
     def stop(_signum: int, _frame: object) -> None:
@@ -316,7 +325,7 @@ def serve(path: str, idle: float) -> int:
             # while a run is starting: on a small machine the fork would compete with
             # it for the CPU, and a caller's start-up (some 20 ms) leaves time enough.
             if spare is None and (wanted or not workers):
-                spare = _fork_spare(listener, news_r, news_w, watched, audit)
+                spare = _fork_spare(listener, news_r, news_w, watched, audit, lock)
                 wanted = False
             watch = [news_r] if spare is not None else [news_r, listener.fileno()]
             try:
@@ -346,6 +355,11 @@ def serve(path: str, idle: float) -> int:
             if idle and not workers and time.monotonic() - last > idle:
                 why = f"idle for {idle:g}s"
                 break
+            if not _still_ours(path, ours):
+                # Nobody can reach a server whose socket was removed (its directory
+                # deleted, another server's left by a crash): it would only hold memory.
+                why = "its socket was removed"
+                break
     finally:
         if spare is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -356,7 +370,29 @@ def serve(path: str, idle: float) -> int:
         listener.close()
         audit.emit("server_stop", pid=os.getpid(), reason=why, end=True)
         audit.close()
+        os.close(lock)
     return 0
+
+
+def _take_lock(path: Path) -> int | None:
+    """The server's lock file, locked (its descriptor); None when another holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _still_ours(path: str, ours: int) -> bool:
+    """Whether ``path`` is still the socket this server bound (by inode)."""
+    try:
+        return os.stat(path).st_ino == ours
+    except OSError:
+        return False
 
 
 #: worker -> server: "I took a connection", "my run is over", "the code on disk changed"
@@ -371,12 +407,16 @@ def _fork_spare(
     news_w: int,
     watched: dict[str, int],
     audit: AuditLog,
+    lock: int,
 ) -> int:
     """Fork a worker that waits for the next connection; return its pid."""
     pid = os.fork()
     if pid:
         return pid
     try:
+        # The lock is the server's: a worker still running a long command must not keep
+        # the next server from starting.
+        os.close(lock)
         # A spare must not outlive the server (it would serve with nobody to replace
         # it); once it has a caller, it serves that caller whatever the server does.
         _set_parent_death_signal(signal.SIGKILL)
@@ -572,6 +612,10 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
                 _done(news)  # it only asked who listens (status, stop), or left
             except (OSError, ValueError, TypeError) as exc:
                 why = f"bad request: {exc}"
+            if request is not None:
+                why = _take_limits(request[0].limits)
+                if why is not None:
+                    request = None
         if request is None:
             audit.emit(
                 "server_declined",
@@ -608,10 +652,32 @@ def _done(news: int) -> NoReturn:
     os._exit(0)
 
 
+def _take_limits(limits: list[tuple[int, int, int]]) -> str | None:
+    """Give this worker the caller's resource limits; why not, when one cannot be had.
+
+    Lowering a limit always works; raising one above the server's needs privilege. A
+    server started with lower limits (it was started from a shell with a ``ulimit``, or
+    on first use by such a caller) declines a caller with higher ones, which then runs
+    the command itself with its own: a served run never gets other limits than its
+    caller's.
+    """
+    import resource
+
+    for res, soft, hard in limits:
+        try:
+            resource.getrlimit(res)
+        except ValueError:
+            continue  # a limit this Python does not know: the server's, as before
+        with contextlib.suppress(ValueError, OSError):  # EPERM is a ValueError here
+            resource.setrlimit(res, (soft, hard))
+        if resource.getrlimit(res) != (soft, hard):
+            return f"its resource limit {res} ({soft} {hard}) exceeds the server's"
+    return None
+
+
 def _run_request(conn: socket.socket, request: Request, fds: list[int]) -> int:
     """Take on the caller's process state, then run as ``stockade ARGS`` would."""
     import io
-    import resource
     import threading
 
     for target, fd in enumerate(fds[:3]):
@@ -620,10 +686,6 @@ def _run_request(conn: socket.socket, request: Request, fds: list[int]) -> int:
     for fd in fds:
         os.close(fd)
     os.umask(request.umask)
-    for res, soft, hard in request.limits:
-        # Lowering always works; a limit above the server's stays at the server's.
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(res, (soft, hard))
     for signum in request.ignored:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signum, signal.SIG_IGN)
