@@ -214,9 +214,9 @@ def _approval(
         return False, None
     if mode == "never" or not policy.layers.egress or policy.network.strict:
         return None, None
-    from stockade.api import _broker
-
     if mode == "control":
+        from stockade.api import _broker
+
         if args.control_fd is None or args.control_fd < 3:
             print(
                 "stockade run: --ask control needs --control-fd N (3 or more): one end of a "
@@ -247,6 +247,7 @@ def _approval(
         # prompt machinery is imported: it brings the whole egress package (~45 ms),
         # which a run with no terminal and no network never needs.
         return None, None
+    from stockade.api import _broker
     from stockade.approvers import tty
 
     prompt = tty()

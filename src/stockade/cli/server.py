@@ -212,8 +212,9 @@ def _private_dir(path: Path) -> None:
 # --- the server ---------------------------------------------------------------------
 
 
-def _warm() -> dict[str, int]:
-    """Import and compute what every run needs; return the source files to watch."""
+def _warm(workspace: Path) -> dict[str, int]:
+    """Import and compute what every run needs; return the source files to watch.
+    ``workspace``: a directory of the server's own to plan a run in (see _dry_plan)."""
     import tomllib  # noqa: F401
 
     import stockade.cli.run
@@ -223,7 +224,7 @@ def _warm() -> dict[str, int]:
     import stockade.egress.inspect
     import stockade.egress.upstream._transport
     import stockade.policy._hosts
-    import stockade.runtime._egress  # noqa: F401
+    import stockade.runtime._egress
     from stockade.enforce import launcher, limits, seccomp  # noqa: F401
     from stockade.runtime import _host, _plan, _run
 
@@ -236,12 +237,17 @@ def _warm() -> dict[str, int]:
     from stockade.enforce import paths
 
     paths.toolchain_paths(os.environ.get("PATH", ""), paths.caller_home(os.environ))
+    _dry_plan(workspace)
     import fcntl  # noqa: F401
     import pty  # noqa: F401
     import resource  # noqa: F401
     import termios  # noqa: F401
     import threading  # noqa: F401
     import tty  # noqa: F401
+
+    import stockade._denials
+    import stockade.api
+    import stockade.enforce.gitlinks  # noqa: F401
 
     libc()
 
@@ -254,6 +260,34 @@ def _warm() -> dict[str, int]:
     launcher_c = Path(_run.__file__).parent.parent / "enforce" / "_launcher.c"
     watched[str(launcher_c)] = launcher_c.stat().st_mtime_ns
     return watched
+
+
+def _dry_plan(workspace: Path) -> None:
+    """Plan one run of the user's policy in ``workspace``, and throw the plan away.
+
+    Every worker is a fresh fork of the server: whatever a first run computes lazily
+    (compiled patterns, the launcher's source digest and binary, the cgroup controllers,
+    the mount API probe) would be paid again by each of them, about a quarter of a
+    served run. Planning starts and writes nothing (runtime/_plan.py), and nothing of
+    this plan is used by a run: each run loads its policy and plans anew. What can change
+    while the server lives is not kept: the host's own addresses (which the proxy
+    refuses) are read again by each run.
+    """
+    from stockade.egress import _addr
+    from stockade.enforce import launcher
+    from stockade.policy import load_policy
+    from stockade.runtime import RunRequest
+    from stockade.runtime._plan import plan
+
+    try:
+        policy = load_policy(None, workspace=workspace)
+        plan(RunRequest(argv=["true"], policy=policy, audit_to_file=False))
+        launcher.build_launcher()
+    except Exception as exc:  # a warm-up: the first run reports a failure properly
+        print(f"stockade server: warm-up plan failed: {exc}", file=sys.stderr)
+    finally:
+        with _addr._local_lock:
+            _addr._local_cache = None
 
 
 def _stale(watched: dict[str, int]) -> str | None:
@@ -285,7 +319,7 @@ def serve(path: str, idle: float) -> int:
         return EXIT_STOCKADE_ERROR
     # Started by the compiled front end on first use (docs/server.md), not by hand.
     auto = os.environ.pop("STOCKADE_SERVER_AUTOSTART", None) == "1"
-    watched = _warm()
+    watched = _warm(sock_path.parent)
     # Workers are forks: keep the collector from walking (and so copying) every page
     # of the warm heap in each of them.
     import gc
