@@ -1,21 +1,27 @@
 """Start-up cost of one sandboxed command, against its baselines, measured in one run.
 
-Measures the mean wall time of: plain ``true``; bare ``bwrap ... true`` with the same
-namespaces; ``stockade run -- true`` (the CLI, every layer on), in-process and handed to a
-warm ``stockade server`` (through the installed ``stockade`` command, the compiled front
-end after scripts/setup, and through the Python client); ``srt true`` (Anthropic's
-sandbox-runtime, installed into a temporary folder with npm when npm is available);
-``stockade.run(["true"])`` called repeatedly in one warm Python process; when a runsc is
-installed (scripts/setup --gvisor), ``stockade run --backend gvisor -- true`` and bare
-``runsc do true``; and ``stockade run --backend landlock -- true`` (no namespaces, for
-hosts that refuse them), beside bare ``true`` and the Python start-up (``python -c
-pass``). Every figure that is a target's numerator is measured in turns with its
-baseline (one call of each per round: this machine's speed drifts, a ratio must hold
-for one moment). The last line is one JSON object with the figures and the ratios.
+Measures the wall time of: plain ``true``; bare ``bwrap ... true`` with the same
+namespaces; ``stockade run -- true`` (the CLI, every layer on) as a user types it
+(through the installed ``stockade`` command, the compiled front end after
+scripts/setup: its first run starts a run server, the runs after it are served; the
+first run alone is measured too), in-process (``STOCKADE_SERVER=0``), and handed to a
+``stockade server`` started by hand (through the front end and through the Python
+client); ``srt true`` (Anthropic's sandbox-runtime, installed into a temporary folder
+with npm when npm is available); ``stockade.run(["true"])`` called repeatedly in one
+warm Python process; when a runsc is installed (scripts/setup --gvisor), ``stockade run
+--backend gvisor -- true`` (served, and in-process) and bare ``runsc do true``; and
+``stockade run --backend landlock -- true`` in-process (no namespaces, for hosts that
+refuse them), beside bare ``true`` and the Python start-up (``python -c pass``).
 
-Targets (issue 23, every layer on): cold CLI <= 6x bare bwrap, served CLI <= 2.5x bare
-bwrap, gVisor CLI <= 1.6x bare ``runsc do``, warm API call <= 3x bare bwrap; landlock
-CLI <= 2x (bare ``true`` + Python start-up) and below the bubblewrap CLI; CLI <= 0.3x srt.
+Every target is the median of per-round ratios to its baseline, measured in turns with
+it (one call of each per round: this machine's speed drifts and its cores are shared,
+a ratio must hold for one moment); figures in ms are medians. The load average at the
+start and the end is part of the result. The last line is one JSON object with the
+figures and the ratios.
+
+Targets (issue 23, every layer on): CLI <= 6x bare bwrap, served CLI <= 2.5x bare bwrap,
+gVisor CLI <= 1.6x bare ``runsc do``, warm API call <= 3x bare bwrap; landlock CLI <= 2x
+(bare ``true`` + Python start-up) and below the bubblewrap CLI; CLI <= 0.3x srt.
 """
 
 from __future__ import annotations
@@ -46,18 +52,31 @@ def mean_ms(fn: Callable[[], object], n: int = N) -> float:
     return statistics.fmean(samples)
 
 
-def interleaved_means(fns: dict[str, Callable[[], object]], n: int = N) -> dict[str, float]:
-    """Mean ms of each of ``fns``, measured in turns (one call of each per round), so that
-    a ratio between them holds for the same moment of a machine whose speed drifts."""
-    for fn in fns.values():
-        fn()
+def turns(
+    fns: dict[str, Callable[[], object]], n: int = N, warm: bool = True
+) -> dict[str, list[float]]:
+    """The ms of each of ``fns`` in ``n`` rounds of one call each, in turns, so that the
+    ratio of a round's pair holds for the same moment of a machine whose speed drifts
+    (``warm``: one call of each first, not counted)."""
+    if warm:
+        for fn in fns.values():
+            fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(n):
         for name, fn in fns.items():
             t = time.perf_counter()
             fn()
             samples[name].append((time.perf_counter() - t) * 1000)
-    return {name: statistics.fmean(values) for name, values in samples.items()}
+    return samples
+
+
+def median_ratio(top: list[float], bottom: list[float]) -> float:
+    """The median of the per-round ratios of two series measured in turns."""
+    return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
+
+
+def medians(samples: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def run(argv: list[str], **kw: object) -> None:
@@ -76,6 +95,8 @@ def _runsc() -> str | None:
 
 
 def main() -> int:
+    # Other work on the machine shows in every figure: the load is part of the result.
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     stockade = str(Path(sys.executable).with_name("stockade"))
     from stockade.cli._frontend import MARKER
 
@@ -140,68 +161,117 @@ def main() -> int:
             "--",
             "true",
         ]
-        cold_env = dict(env, STOCKADE_SERVER="0")
-        # Each target is a ratio to its baseline, measured in turns with it (one call of
-        # each per round), so that it holds for the same moment of a drifting machine:
-        # the cold CLI and the landlock backend against bare bwrap; the landlock target
-        # is also relative to bare true plus the Python start-up that both CLIs pay.
+        inprocess_env = dict(env, STOCKADE_SERVER="0")
+        ratios: dict[str, float | None] = {}
+        stop = [stockade, "server", "stop"]
         figures["python_ms"] = mean_ms(lambda: run([sys.executable, "-c", "pass"]))
-        cold = interleaved_means(
+        # Each target is the median of per-round ratios to its baseline, measured in
+        # turns with it (one call of each per round), so that it holds for the same
+        # moment of a drifting machine shared with other work.
+        #
+        # The first run of a user: no server listens, so the front end starts one and
+        # runs the command in Python (docs/server.md, "Started on first use"); each round
+        # stops the server again, so every such run is a first one.
+        first: dict[str, list[float]] = {"bwrap": [], "first": []}
+        for _ in range(max(5, N // 8)):
+            run(stop, env=env)
+            pair = turns(
+                {
+                    "bwrap": lambda: run(bare),
+                    "first": lambda: run([stockade, "run", "--", "true"], env=env),
+                },
+                n=1,
+                warm=False,
+            )
+            for name, values in pair.items():
+                first[name] += values
+        figures["stockade_cli_first_ms"] = statistics.median(first["first"])
+        ratios["cli_first_vs_bwrap"] = median_ratio(first["first"], first["bwrap"])
+        # Cold: the command as a user types it, with nothing started by hand. The warm-up
+        # call of `turns` is such a first run; the runs after it are served by the server
+        # it started (or in-process while that server is still loading), beside the same
+        # command in-process (STOCKADE_SERVER=0: the opt-out, and the Python script's
+        # path) and the landlock backend's.
+        run(stop, env=env)
+        cold = turns(
             {
                 "bwrap_cold_turns_ms": lambda: run(bare),
-                "stockade_cli_ms": lambda: run([stockade, "run", "--", "true"], env=cold_env),
+                "stockade_cli_ms": lambda: run([stockade, "run", "--", "true"], env=env),
+                "stockade_cli_inprocess_ms": lambda: run(
+                    [stockade, "run", "--", "true"], env=inprocess_env
+                ),
                 "stockade_cli_landlock_ms": lambda: run(
-                    [stockade, "run", "--backend", "landlock", "--", "true"], env=cold_env
+                    [stockade, "run", "--backend", "landlock", "--", "true"], env=inprocess_env
                 ),
             }
         )
-        figures.update(cold)
-        figures["stockade_cli_turns_ms"] = cold["stockade_cli_ms"]
+        figures.update(medians(cold))
+        figures["stockade_cli_turns_ms"] = figures["stockade_cli_inprocess_ms"]
+        bw_cold = cold["bwrap_cold_turns_ms"]
+        ratios["cli_vs_bwrap"] = median_ratio(cold["stockade_cli_ms"], bw_cold)
+        ratios["cli_inprocess_vs_bwrap"] = median_ratio(cold["stockade_cli_inprocess_ms"], bw_cold)
+        ratios["landlock_vs_bubblewrap_cli"] = median_ratio(
+            cold["stockade_cli_landlock_ms"], cold["stockade_cli_inprocess_ms"]
+        )
         # The gVisor backend beside it (docs/gvisor.md), in turns with bare ``runsc do``,
-        # when a usable runsc is there (scripts/setup --gvisor fetches one).
+        # when a usable runsc is there (scripts/setup --gvisor fetches one): through the
+        # server, as any `stockade run`, and in-process.
         figures["stockade_cli_gvisor_ms"] = figures["runsc_do_ms"] = None
+        figures["stockade_cli_gvisor_inprocess_ms"] = None
+        ratios["gvisor_vs_runsc_do"] = ratios["gvisor_inprocess_vs_runsc_do"] = None
         runsc = _runsc()
         if runsc is not None:
             few = max(5, N // 4)
             # Named explicitly: this run's state directory is a fresh one, which holds no
             # record of the cached runsc's digest (stockade would refuse it).
-            gvisor_env = dict(cold_env, STOCKADE_RUNSC=runsc)
-            figures.update(
-                interleaved_means(
-                    {
-                        "runsc_do_ms": lambda: run(
-                            [runsc, "--rootless", "--network=none", "do", "true"]
-                        ),
-                        "stockade_cli_gvisor_ms": lambda: run(
-                            [stockade, "run", "--backend", "gvisor", "--", "true"],
-                            env=gvisor_env,
-                        ),
-                    },
-                    n=few,
-                )
+            gvisor = [stockade, "run", "--backend", "gvisor", "--", "true"]
+            gv = turns(
+                {
+                    "runsc_do_ms": lambda: run(
+                        [runsc, "--rootless", "--network=none", "do", "true"]
+                    ),
+                    "stockade_cli_gvisor_ms": lambda: run(
+                        gvisor, env=dict(env, STOCKADE_RUNSC=runsc)
+                    ),
+                    "stockade_cli_gvisor_inprocess_ms": lambda: run(
+                        gvisor, env=dict(inprocess_env, STOCKADE_RUNSC=runsc)
+                    ),
+                },
+                n=few,
             )
-        # The same command handed to a warm run server (stockade server, docs/server.md),
-        # in turns with bare bwrap.
+            figures.update(medians(gv))
+            ratios["gvisor_vs_runsc_do"] = median_ratio(
+                gv["stockade_cli_gvisor_ms"], gv["runsc_do_ms"]
+            )
+            ratios["gvisor_inprocess_vs_runsc_do"] = median_ratio(
+                gv["stockade_cli_gvisor_inprocess_ms"], gv["runsc_do_ms"]
+            )
+        # The same command handed to a warm run server started by hand (stockade server
+        # start, docs/server.md), in turns with bare bwrap.
+        run(stop, env=env)
         run([stockade, "server", "start"], env=env)
+        manual_env = dict(env, STOCKADE_SERVER="manual")
         try:
-            figures.update(
-                interleaved_means(
-                    {
-                        "bwrap_served_turns_ms": lambda: run(bare),
-                        "stockade_cli_served_ms": lambda: run(
-                            [stockade, "run", "--", "true"], env=env
-                        ),
-                    }
-                )
+            served = turns(
+                {
+                    "bwrap_served_turns_ms": lambda: run(bare),
+                    "stockade_cli_served_ms": lambda: run(
+                        [stockade, "run", "--", "true"], env=manual_env
+                    ),
+                }
+            )
+            figures.update(medians(served))
+            ratios["cli_served_vs_bwrap"] = median_ratio(
+                served["stockade_cli_served_ms"], served["bwrap_served_turns_ms"]
             )
             # The same through the Python client, for comparison with the compiled front
             # end (which scripts/setup installs as the stockade command).
             python_cli = [sys.executable, "-P", "-m", "stockade"]
             figures["stockade_cli_served_python_ms"] = mean_ms(
-                lambda: run([*python_cli, "run", "--", "true"], env=env)
+                lambda: run([*python_cli, "run", "--", "true"], env=manual_env)
             )
         finally:
-            run([stockade, "server", "stop"], env=env)
+            run(stop, env=env)
         srt = install_srt(Path(tmp) / "srt")
         if srt:
             try:
@@ -214,13 +284,14 @@ def main() -> int:
         import stockade as sd
 
         # Bare bwrap and the warm API in turns: their ratio is a target.
-        both = interleaved_means(
+        both = turns(
             {
                 "bwrap_ms": lambda: run(bare),
                 "stockade_api_warm_ms": lambda: sd.run(["true"], workspace=ws),
             }
         )
-        figures.update(both)
+        figures.update(medians(both))
+        ratios["api_vs_bwrap"] = median_ratio(both["stockade_api_warm_ms"], both["bwrap_ms"])
         # A Sandbox with the egress proxy in play: the first run starts the proxy's loop
         # (and makes the policy once); later runs reuse them.
         policy = Path(tmp) / "p.toml"
@@ -242,40 +313,34 @@ def main() -> int:
     result: dict[str, object] = {
         k: (round(v, 2) if v is not None else None) for k, v in figures.items()
     }
-    cli, api, bw = figures["stockade_cli_ms"], figures["stockade_api_warm_ms"], figures["bwrap_ms"]
-    assert cli is not None
-    assert api is not None
-    assert bw is not None
-    served = figures["stockade_cli_served_ms"]
-    assert served is not None
-    result["cli_vs_srt"] = round(cli / figures["srt_ms"], 3) if figures["srt_ms"] else None
-    result["cli_served_vs_srt"] = (
-        round(served / figures["srt_ms"], 3) if figures["srt_ms"] else None
+    result.update({k: (round(v, 2) if v is not None else None) for k, v in ratios.items()})
+    inproc, served_ms = figures["stockade_cli_inprocess_ms"], figures["stockade_cli_served_ms"]
+    assert inproc is not None
+    assert served_ms is not None
+    srt_ms = figures["srt_ms"]
+    default = figures["stockade_cli_ms"]
+    assert default is not None
+    result["cli_vs_srt"] = round(default / srt_ms, 3) if srt_ms else None
+    result["cli_served_vs_srt"] = round(served_ms / srt_ms, 3) if srt_ms else None
+    result["cli_served_vs_cli"] = round(served_ms / inproc, 3)
+    gvisor_ms = figures["stockade_cli_gvisor_inprocess_ms"]
+    result["gvisor_vs_bubblewrap_cli"] = round(gvisor_ms / inproc, 2) if gvisor_ms else None
+    landlock_ms, python_ms, true_ms = (
+        figures["stockade_cli_landlock_ms"],
+        figures["python_ms"],
+        figures["true_ms"],
     )
-    result["cli_served_vs_cli"] = round(served / cli, 3)
-    gvisor, runsc_do = figures["stockade_cli_gvisor_ms"], figures["runsc_do_ms"]
-    result["gvisor_vs_bubblewrap_cli"] = round(gvisor / cli, 2) if gvisor else None
-    # The targets of issue 23: each ratio is to the baseline measured in turns with it.
-    bw_cold, bw_served = figures["bwrap_cold_turns_ms"], figures["bwrap_served_turns_ms"]
-    assert bw_cold is not None
-    assert bw_served is not None
-    result["cli_vs_bwrap"] = round(cli / bw_cold, 2)
-    result["cli_served_vs_bwrap"] = round(served / bw_served, 2)
-    result["gvisor_vs_runsc_do"] = round(gvisor / runsc_do, 2) if gvisor and runsc_do else None
-    landlock, turns = figures["stockade_cli_landlock_ms"], figures["stockade_cli_turns_ms"]
-    assert landlock is not None
-    assert turns is not None
-    python_ms, true_ms = figures["python_ms"], figures["true_ms"]
+    assert landlock_ms is not None
     assert python_ms is not None
     assert true_ms is not None
-    result["landlock_vs_bubblewrap_cli"] = round(landlock / turns, 2)
-    result["landlock_vs_true_plus_python"] = round(landlock / (true_ms + python_ms), 2)
+    result["landlock_vs_true_plus_python"] = round(landlock_ms / (true_ms + python_ms), 2)
     result["frontend"] = frontend
-    result["api_vs_bwrap"] = round(api / bw, 2)
-    first, later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
-    assert first is not None
-    assert later is not None
-    result["sandbox_later_vs_first"] = round(later / first, 2)
+    box_first, box_later = figures["sandbox_first_run_ms"], figures["sandbox_later_runs_ms"]
+    assert box_first is not None
+    assert box_later is not None
+    result["sandbox_later_vs_first"] = round(box_later / box_first, 2)
+    result["load_at_start"] = load_at_start
+    result["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["targets"] = {
         "cli_vs_bwrap": 6,
         "cli_served_vs_bwrap": 2.5,
