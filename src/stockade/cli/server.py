@@ -462,6 +462,12 @@ def _fork_spare(
         # What the worker's runs will be confined by, read before a caller waits: a
         # spare is forked anew after every run, so this is as fresh as the server's own.
         mine = _context("self")
+        # The sandbox's network helper, forked now rather than on the run's path (see
+        # egress/_netns.prepare_helper); without it the run forks its own, as ever.
+        from stockade.egress import _netns
+
+        with contextlib.suppress(OSError):
+            _netns.prepare_helper()
         conn, _ = listener.accept()
         listener.close()
         stale = _stale(watched)

@@ -378,10 +378,83 @@ def split_sockets(socks: list[socket.socket], dns: bool) -> NetnsSockets:
     return out
 
 
+#: a helper forked in advance and waiting for its request (see :func:`prepare_helper`):
+#: the parent's end of its channel and its pid
+_prepared: tuple[socket.socket, int] | None = None
+
+
+def prepare_helper() -> None:
+    """Fork the next helper now, while nothing waits: the first :meth:`Netns.sockets`
+    of this process hands it the namespace instead of forking then.
+
+    For a run server's worker (stockade.cli.server), which forks it while it waits for
+    a caller: forking a process of the size of a warm server is the larger part of the
+    helper's cost, and it lies on the path of every served run otherwise. The helper is
+    single-threaded like a fresh one (a fork has one thread), dies with this process
+    (PR_SET_PDEATHSIG) or when this process closes the channel, and does nothing but
+    what a fresh helper does, for the one request it gets.
+    """
+    global _prepared
+    libc()  # loaded before fork, so the helper only makes system calls
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the waiting helper; its answers are checked by the caller
+        code = 1
+        try:
+            parent.close()
+            # Nothing of the parent's but the channel: a run server's listener, above
+            # all, must not stay open in a process that never accepts on it.
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) > 2 and int(name) != child.fileno():
+                    with contextlib.suppress(OSError):
+                        os.close(int(name))
+            pr_set_pdeathsig = 1
+            libc().prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() == 1:
+                os._exit(0)  # its parent is gone already
+            message, fds, _, _ = socket.recv_fds(child, 4096, 2)
+            if message:
+                fields = message.decode().split(" ")
+                user_fd = fds[0] if fields[0] == "1" else -1
+                port, dns, proxy, routes = (int(f) for f in fields[1:5])
+                ports = tuple(int(p) for p in fields[5].split(",") if p)
+                request = _Request(port, bool(dns), ports, bool(proxy), bool(routes))
+                _child(child, user_fd, fds[-1], request)
+            code = 0
+        finally:
+            os._exit(code)
+    child.close()
+    _prepared = (parent, pid)
+
+
+def _hand_to_prepared(user_fd: int, net_fd: int, request: _Request) -> tuple[socket.socket, int]:
+    """Give ``request`` to the helper forked in advance, if there is one that takes it:
+    its channel and pid. Otherwise a ValueError (there is none) or an OSError (it is
+    gone): the caller forks one."""
+    global _prepared
+    if _prepared is None:
+        raise ValueError("no helper prepared")
+    (channel, pid), _prepared = _prepared, None
+    ports = ",".join(str(p) for p in request.capture_ports)
+    has_user = "1" if user_fd >= 0 else "0"
+    fields = f"{has_user} {request.port} {int(request.dns)} {int(request.proxy)} "
+    fields += f"{int(request.routes)} {ports}"
+    try:
+        socket.send_fds(channel, [fields.encode()], [*([user_fd] if user_fd >= 0 else []), net_fd])
+    except OSError:
+        channel.close()
+        _reap(pid, kill=True)
+        raise
+    return channel, pid
+
+
 def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> list[socket.socket]:
     wanted = (1 if request.proxy else 0) + (2 if request.dns else 0) + len(request.capture_ports)
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child: socket.socket | None = None  # a prepared helper has its own end already
     try:
+        parent, pid = _hand_to_prepared(user_fd, net_fd, request)
+    except (ValueError, OSError):
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the helper child; its result is checked below
             code = 1
@@ -391,7 +464,9 @@ def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> list[socket.so
                 code = 0
             finally:
                 os._exit(code)
-        child.close()
+    try:
+        if child is not None:
+            child.close()
         answered = False
         try:
             ready, _, _ = select.select([parent], [], [], _TIMEOUT)
@@ -403,7 +478,8 @@ def _fork_helper(user_fd: int, net_fd: int, request: _Request) -> list[socket.so
             _reap(pid, kill=not answered)
     finally:
         parent.close()
-        child.close()
+        if child is not None:
+            child.close()
     if message != b"OK" or len(fds) != wanted:
         for fd in fds:
             os.close(fd)
