@@ -83,6 +83,16 @@ def run(argv: list[str], **kw: object) -> None:
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, **kw)  # type: ignore[call-overload]
 
 
+def wait_for_server(stockade: str, env: dict[str, str]) -> None:
+    """Wait until the run server of ``env``'s user listens (one was started)."""
+    deadline = time.monotonic() + 30
+    status = [stockade, "server", "status"]
+    while subprocess.run(status, env=env, capture_output=True, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the run server the first run started did not come up in 30 s")
+        time.sleep(0.02)
+
+
 def _runsc() -> str | None:
     """A runsc the gVisor backend accepts, or None (then its figures are left out)."""
     from stockade import Unavailable
@@ -185,14 +195,18 @@ def main() -> int:
             )
             for name, values in pair.items():
                 first[name] += values
+            # Stopped only once it listens: a server still loading would answer no stop,
+            # and would serve the next round's "first" run.
+            wait_for_server(stockade, env)
         figures["stockade_cli_first_ms"] = statistics.median(first["first"])
         ratios["cli_first_vs_bwrap"] = median_ratio(first["first"], first["bwrap"])
-        # Cold: the command as a user types it, with nothing started by hand. The warm-up
-        # call of `turns` is such a first run; the runs after it are served by the server
-        # it started (or in-process while that server is still loading), beside the same
-        # command in-process (STOCKADE_SERVER=0: the opt-out, and the Python script's
-        # path) and the landlock backend's.
+        # Cold: the command as a user types it, with nothing started by hand: the runs
+        # after the first, served by the server that first run started (once it listens),
+        # beside the same command in-process (STOCKADE_SERVER=0: the opt-out, and the
+        # Python script's path) and the landlock backend's.
         run(stop, env=env)
+        run([stockade, "run", "--", "true"], env=env)  # the first run: it starts the server
+        wait_for_server(stockade, env)
         cold = turns(
             {
                 "bwrap_cold_turns_ms": lambda: run(bare),
