@@ -463,11 +463,13 @@ def _fork_spare(
         # spare is forked anew after every run, so this is as fresh as the server's own.
         mine = _context("self")
         # The sandbox's network helper, forked now rather than on the run's path (see
-        # egress/_netns.prepare_helper); without it the run forks its own, as ever.
-        from stockade.egress import _netns
+        # egress/_netns.prepare_helper), unless a caller waits already: then the fork
+        # would only delay it (the run forks its own helper, as ever).
+        if not select.select([listener], [], [], 0)[0]:
+            from stockade.egress import _netns
 
-        with contextlib.suppress(OSError):
-            _netns.prepare_helper()
+            with contextlib.suppress(OSError):
+                _netns.prepare_helper()
         conn, _ = listener.accept()
         listener.close()
         stale = _stale(watched)
