@@ -91,7 +91,8 @@ def test_the_first_run_starts_a_server_and_the_next_is_served(world: World) -> N
     assert (second.returncode, second.stdout) == (4, "next\n"), second.stderr
     assert world.canary not in second.stdout + second.stderr
     runs = events(world, "server_run")
-    assert [r["argv"][-1] for r in runs] == ["cat ~/.ssh/id_ed25519; echo next; exit 4"]
+    served = [r["argv"] for r in runs]
+    assert served == [["run", "--", "sh", "-c", "cat ~/.ssh/id_ed25519; echo next; exit 4"]]
 
 
 @pytest.mark.parametrize("mode", ["manual", "0"])
