@@ -193,3 +193,38 @@ def test_a_caller_with_higher_limits_is_declined_and_keeps_them(world: World) ->
         assert "resource limit" in str(logged("server_declined")[-1]["detail"])
     finally:
         as_nobody(world, "server", "stop", command=front)
+
+
+def test_an_unprivileged_users_first_run_starts_their_server(world: World) -> None:
+    """As uid 65534, through a front end an administrator installed: the server is the
+    user's own, in their own 0700 directory, and serves their next run."""
+    from stockade.cli import _frontend
+
+    require(os.geteuid() == 0, "acting as uid 65534 needs root")
+    python = _nobody_python(from_any_process=True)
+    require(python is not None, "no Python >= 3.11 executable by uid 65534")
+    assert python is not None
+    bin_dir = world.root / "bin"
+    bin_dir.mkdir()
+    shutil.copy(_frontend.build_frontend(python), bin_dir / "stockade")
+    (bin_dir / "stockade").chmod(0o755)
+    front = [str(bin_dir / "stockade")]
+    directory = world.root / "state" / "stockade" / "server"
+    try:
+        first = as_nobody(world, "run", "--", "sh", "-c", "id -u; exit 7", command=front)
+        assert (first.returncode, first.stdout) == (7, "65534\n"), first.stderr
+        wait_for(
+            "the auto-started server listens",
+            lambda: as_nobody(world, "server", "status", command=front).returncode == 0,
+        )
+        st = directory.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (65534, 0o700)
+        second = as_nobody(world, "run", "--", "sh", "-c", "id -u; exit 8", command=front)
+        assert (second.returncode, second.stdout) == (8, "65534\n"), second.stderr
+        logged = []
+        for log in directory.glob("*.jsonl"):
+            logged += [json.loads(line) for line in log.read_text().splitlines()]
+        assert [e["auto"] for e in logged if e["event"] == "server_start"] == [True]
+        assert [e["argv"][-1] for e in logged if e["event"] == "server_run"] == ["id -u; exit 8"]
+    finally:
+        as_nobody(world, "server", "stop", command=front)
