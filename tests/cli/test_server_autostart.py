@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,55 @@ def test_an_unprivileged_users_first_run_starts_their_server(world: World) -> No
         assert [e["argv"][-1] for e in logged if e["event"] == "server_run"] == ["id -u; exit 8"]
     finally:
         as_nobody(world, "server", "stop", command=front)
+
+
+def test_the_server_takes_nothing_of_the_first_callers_signal_state(world: World) -> None:
+    """A first caller that ignores SIGCHLD (and SIGTERM) starts a server that does not:
+    the runs it serves for the next callers report their commands' real exit codes, and
+    ``server stop`` stops it."""
+    import signal
+
+    code = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n"
+    )
+    first = subprocess.run(
+        [sys.executable, "-c", code, *world.command, "run", "--", "sh", "-c", "exit 3"],
+        cwd=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert first.returncode == 3, first.stderr
+    wait_for("the auto-started server listens", lambda: running(world))
+    pid = int(world.stockade("server", "status").stdout.split("pid ")[1].split(",")[0])
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    ignored = int(fields["SigIgn"].strip(), 16)
+    assert not ignored & (1 << (signal.SIGCHLD - 1))
+    assert not ignored & (1 << (signal.SIGUSR1 - 1))
+    served = world.stockade("run", "--", "sh", "-c", "exit 5")
+    assert served.returncode == 5, served.stderr
+    # A caller's ignored signals reach its own command only: not this caller's.
+    show = "grep SigIgn /proc/self/status"
+    plain = world.stockade("run", "--", "sh", "-c", show)
+    assert not int(plain.stdout.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)), plain.stderr
+    # The twin: a caller that ignores SIGUSR1 hands that to its served command.
+    twin = subprocess.run(
+        [sys.executable, "-c", code, *world.command, "run", "--", "sh", "-c", show],
+        cwd=world.workspace,
+        env=world.env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert int(twin.stdout.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)), twin.stderr
+    assert len(events(world, "server_run")) == 3
+    assert world.stockade("server", "stop").returncode == 0
+    wait_for("the server exits", lambda: not Path(f"/proc/{pid}").exists())

@@ -118,6 +118,7 @@ def error(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stockade`` console script; returns the exit code."""
+    _default_sigchld()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         # Asked for, the help is the output; without a verb it is the error's message.
@@ -139,6 +140,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if served is not None:
             return served
     return dispatch(args)
+
+
+def _default_sigchld() -> None:
+    """Undo a SIGCHLD ignore inherited from the caller (it survives exec).
+
+    With it, the kernel reaps every child of stockade's at once: bubblewrap's exit status
+    is lost and a run waits for it forever. The command does not inherit the ignore from
+    a served run either (``_client.INHERITED_IGNORES`` leaves it out), so an in-process
+    run now starts its command the same way.
+    """
+    if TYPE_CHECKING:
+        import signal as _signal
+    else:
+        import _signal  # signal.py would import enum (~5 ms)
+
+    if _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
 
 
 def dispatch(args: list[str]) -> int:

@@ -31,6 +31,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -295,17 +296,29 @@ static void start_server(void)
     /* The child: a new session, then a grandchild that is nobody's child of ours. */
     if (setsid() < 0 || fork() != 0)
         _exit(0);
+    /* The caller's signal state is not the server's: it outlives this caller and forks
+     * the workers of the next ones (an inherited SIGCHLD ignore would make every run's
+     * exit status 0, an inherited mask or ignored SIGTERM would make it unstoppable). */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int sig = 1; sig < NSIG; sig++)
+        signal(sig, SIG_DFL); /* fails harmlessly for SIGKILL, SIGSTOP and reserved ones */
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     int log = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (null < 0 || log < 0 || dup2(null, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0 ||
         chdir("/") != 0)
         _exit(1);
     /* Nothing of the caller's stays open in the server. */
-    for (int fd = 3; fd < 1024; fd++)
-        close(fd);
+    int closed = -1;
+#ifdef SYS_close_range
+    closed = (int)syscall(SYS_close_range, 3U, ~0U, 0U);
+#endif
+    if (closed != 0) {
+        long most = sysconf(_SC_OPEN_MAX);
+        for (int fd = 3; fd < (most > 0 && most < 65536 ? most : 65536); fd++)
+            close(fd);
+    }
     if (setenv("STOCKADE_SERVER_AUTOSTART", "1", 1) != 0)
         _exit(1);
     /* -P, as for the Python CLI: no directory of the caller's (the workspace) is on
