@@ -88,6 +88,8 @@ def test_the_first_run_starts_a_server_and_the_next_is_served(world: World) -> N
     assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
     assert [e["auto"] for e in events(world, "server_start")] == [True]
     assert not events(world, "server_run")  # the first run was not served
+    # Its warm-up planned a run, as a worker would (from "/", bwrap would be refused).
+    assert "warm-up plan failed" not in server_file(world, ".log").read_text()
     second = world.stockade("run", "--", "sh", "-c", "cat ~/.ssh/id_ed25519; echo next; exit 4")
     assert (second.returncode, second.stdout) == (4, "next\n"), second.stderr
     assert world.canary not in second.stdout + second.stderr

@@ -279,13 +279,19 @@ def _dry_plan(workspace: Path) -> None:
     from stockade.runtime import RunRequest
     from stockade.runtime._plan import plan
 
+    # From inside the workspace, as a caller plans: a daemon's "/" holds every path, and
+    # a bwrap under the working directory is refused (runtime/_host.find_bwrap).
+    home = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        os.chdir(workspace)
         policy = load_policy(None, workspace=workspace)
         plan(RunRequest(argv=["true"], policy=policy, audit_to_file=False))
         launcher.build_launcher()
     except Exception as exc:  # a warm-up: the first run reports a failure properly
         print(f"stockade server: warm-up plan failed: {exc}", file=sys.stderr)
     finally:
+        os.fchdir(home)
+        os.close(home)
         with _addr._local_lock:
             _addr._local_cache = None
 
