@@ -3,7 +3,7 @@
 - learning overhead: the same task (a Python program that imports a few modules, reads a
   configuration file outside the workspace and fetches from a local HTTP server mapped
   as ``thing.test``) run by :func:`stockade.run` under its suggested policy, and learnt by
-  :func:`stockade.learn.learn` (observer, events, run directory), one of each per round
+  :func:`stockade.learning.learn` (observer, events, run directory), one of each per round
   (target: learning <= 1.3x the normal run);
 - suggestion time for a run of 10,000 observed events (hosts, requests, reads), and the
   size of what it suggests.
@@ -80,7 +80,7 @@ def _events(n: int) -> list[dict[str, Any]]:
 
 def main() -> int:
     import stockade
-    from stockade.learn import learn, suggest, suggest_from
+    from stockade.learning import learn, suggest, suggest_from
 
     if not os.path.exists(PYTHON):
         print(f"bench/learn.py: {PYTHON} is needed inside the sandbox", file=sys.stderr)

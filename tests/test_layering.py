@@ -39,7 +39,7 @@ LEVELS: dict[str, int] = {
     "integrations": 3,
     # observe, suggest, verify (DESIGN §3: L3; it drives the runtime, the policy loader
     # and the probe's scenario, and nothing imports it)
-    "learn": 3,
+    "learning": 3,
     "cli": 4,
     "mcp": 4,
     "__main__": 5,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from stockade.api import CompletedRun, Sandbox, arun, run
     from stockade.egress.approval import AccessRequest, Answer, Grant, Scope
+    from stockade.learning import learn
     from stockade.policy import Policy
 
 __all__ = [
@@ -51,6 +52,9 @@ _LAZY = {
     "arun": "stockade.api",
     "Sandbox": "stockade.api",
     "CompletedRun": "stockade.api",
+    # a function of the learning package (L3, beside api: it drives the runtime and the
+    # probe, which is a client of api, so api cannot import it without a cycle)
+    "learn": "stockade.learning",
     "Policy": "stockade.policy",
     "AccessRequest": "stockade.egress.approval",
     "Answer": "stockade.egress.approval",
@@ -60,9 +64,4 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "learn":
-        # the learn package, callable as stockade.learn(...) (stockade.learn.learn)
-        import importlib
-
-        return importlib.import_module("stockade.learn")
     return load(__name__, _LAZY, name, globals())

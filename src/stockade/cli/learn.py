@@ -40,7 +40,7 @@ def execute(args: argparse.Namespace) -> int:
     import sys
 
     from stockade._exceptions import PolicyError
-    from stockade.learn import learn
+    from stockade.learning import learn
 
     if args.runs < 1:
         raise PolicyError(f"--runs {args.runs}: learn at least once")

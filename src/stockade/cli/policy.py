@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from stockade.learn import VerifyResult
+    from stockade.learning import VerifyResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def execute(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stockade._exceptions import PolicyError
-    from stockade.learn import RunDir, drift, suggest_from, verify
+    from stockade.learning import RunDir, drift, suggest_from, verify
 
     if args.action == "suggest":
         suggestion = suggest_from(args.runs)

@@ -3,26 +3,28 @@
 ::
 
     import stockade
-    from stockade.learn import suggest_from, verify, drift
+    from stockade.learning import suggest_from, verify, drift
 
     result = stockade.learn(["pytest", "-q"], workspace="~/project", runs=2, out="learn-run")
     text = suggest_from([result.run_dir]).to_toml()
 
-DESIGN §3: ``learn`` is L3; it drives the runtime and the policy loader (and, for the
-attack scenario, the probe), and nothing below imports it. See docs/learn.md.
+DESIGN §3: learning is L3; it drives the runtime and the policy loader (and, for the
+attack scenario, the probe, a client of ``api``), and nothing below imports it. The
+package is named ``learning`` so that ``stockade.learn`` can be a plain function (this
+package's :func:`learn`, which ``stockade`` loads on first use, as it loads
+``stockade.run`` from ``api``): a subpackage named ``learn`` would replace that attribute
+of ``stockade`` whenever it is imported. See docs/learn.md.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
-import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stockade.learn._observe import (
+from stockade.learning._observe import (
     LEARN_VISIBLE,
     LearnResult,
     RunDir,
@@ -32,7 +34,7 @@ from stockade.learn._observe import (
     observations_from_events,
     run_record,
 )
-from stockade.learn._suggest import Suggestion, suggest
+from stockade.learning._suggest import Suggestion, suggest
 from stockade.policy import Policy, load_policy
 
 __all__ = [
@@ -286,7 +288,7 @@ def verify(
         if not out.output_matches:
             out.broken.append("the output differs from the learning run's")
     if attacks:
-        from stockade.learn._attacks import attack_scenario
+        from stockade.learning._attacks import attack_scenario
 
         out.open, out.stopped = attack_scenario(loaded)
     return out
@@ -301,18 +303,7 @@ def drift(
     """What the runs in ``run_dirs`` needed that ``policy`` does not admit: one line per
     observation, for a person to extend the policy deliberately."""
     loaded = _load(policy, workspace)
-    from stockade.learn._drift import not_admitted
+    from stockade.learning._drift import not_admitted
 
     observations, summaries = _gather(run_dirs)
     return not_admitted(loaded, observations, summaries)
-
-
-class _CallableModule(types.ModuleType):
-    """The package itself is callable, so that ``stockade.learn(...)`` is :func:`learn`
-    (the API's entry; ``api`` cannot import this package, which drives it)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> LearnResult:
-        return learn(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -369,13 +369,19 @@ def test_git_clone_over_smart_http_learn_suggest_verify(world: World) -> None:
 
 @pytest.mark.usefixtures("kernel")
 def test_the_api_learns_and_suggests(world: World, server: int) -> None:
-    """``stockade.learn(...)`` is the package's :func:`learn`; two runs merge."""
+    """``stockade.learn(...)`` is a plain function (the learning package's :func:`learn`,
+    whatever was imported before); two runs merge."""
+    import inspect
     import stockade
-    from stockade.learn import suggest_from
+    import stockade.learning
+    from stockade.learning import suggest_from
 
+    # importing the package does not replace the function (it did when it was named learn)
+    assert inspect.isfunction(stockade.learn)
+    assert stockade.learn is stockade.learning.learn
     conf, base = _setup(world)
     run_dir = world.root / "api-learnt"
-    result = stockade.learn(  # type: ignore[operator]
+    result = stockade.learn(
         _task(conf, server),
         policy=base,
         workspace=world.workspace,

@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stockade.learn import suggest
-from stockade.learn._suggest import FILE_SIBLINGS, PATH_SIBLINGS, WILDCARD_SIBLINGS
+from stockade.learning import suggest
+from stockade.learning._suggest import FILE_SIBLINGS, PATH_SIBLINGS, WILDCARD_SIBLINGS
 from stockade.policy._model import RequestRule
 from stockade.policy._network import EgressRules
 from stockade.policy._rulematch import RuleSet

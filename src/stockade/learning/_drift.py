@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stockade.learn._suggest import suggest
+from stockade.learning._suggest import suggest
 from stockade.policy import Policy
 from stockade.policy._network import EgressRules
 from stockade.policy._rulematch import RuleSet

@@ -57,7 +57,7 @@ PATH_SIBLINGS = 4
 FILE_SIBLINGS = 8
 
 #: what every run already sees: never suggested (the sandbox's own /tmp, HOME, /proc and
-#: /dev are left out when learning, :data:`stockade.learn._observe.PRIVATE`)
+#: /dev are left out when learning, :data:`stockade.learning._observe.PRIVATE`)
 _ALWAYS = SYSTEM_PATHS
 
 
