@@ -636,3 +636,23 @@ def test_a_run_directory_the_sandbox_could_write_is_refused(world: World) -> Non
     assert (run_dir / "observations.jsonl").is_file()
     assert not run_dir.is_relative_to(world.workspace)
     assert world.stockade("policy", "suggest", str(run_dir)).returncode == 0
+
+def test_learning_under_gvisor_fails_closed_with_the_reason(world: World, runsc: str) -> None:
+    """gVisor's Sentry serves the task's system calls: the observer would see nothing, so
+    learning refuses (125, the reason named, no run directory) rather than learn blind;
+    the twin: the same policy runs the task under gVisor."""
+    world.env["STOCKADE_RUNSC"] = runsc  # the world's HOME is a fake one
+    base = world.root / "gvisor.toml"
+    base.write_text('[container]\nbackend = "gvisor"\n')
+    run_dir = world.root / "learnt"
+    refused = world.stockade(
+        "learn", "--policy", str(base), "-o", str(run_dir), "--", "sh", "-c", "echo ran"
+    )
+    assert refused.returncode == 125, refused.stdout + refused.stderr
+    assert "learning under the gVisor backend" in refused.stderr
+    assert "bubblewrap or landlock" in refused.stderr
+    assert "ran" not in refused.stdout
+    assert not run_dir.exists()
+    ran = world.stockade("run", "--policy", str(base), "--", "sh", "-c", "echo ran")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "ran\n"

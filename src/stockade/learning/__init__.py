@@ -35,6 +35,7 @@ from stockade.learning._observe import (
     run_record,
 )
 from stockade.learning._suggest import Suggestion, suggest
+from stockade._exceptions import Unavailable
 from stockade.policy import Policy, load_policy
 
 __all__ = [
@@ -155,6 +156,17 @@ def learn(
     if runs < 1:
         raise ValueError(f"runs {runs!r}: learn at least once")
     base = _load(policy, workspace)
+    if base.container.backend == "gvisor":
+        # Refused here, before a run directory or a sandbox exists (the runtime refuses
+        # an observer it cannot attach as well): under gVisor the Sentry serves the
+        # task's system calls itself, so a seccomp listener on the host sees none of them
+        # and the suggestion would miss every file the task needs.
+        raise Unavailable(
+            "learning under the gVisor backend (the Sentry serves the task's system calls "
+            "itself: stockade's file observer would see none of them)",
+            "learn with the bubblewrap or landlock backend; the suggested policy can then "
+            "run with backend = \"gvisor\"",
+        )
     see_paths = [Path(os.path.abspath(os.path.expanduser(os.fspath(p)))) for p in see]
     learning = learning_policy(base, see_paths)
     caller = dict(os.environ if env is None else env)
