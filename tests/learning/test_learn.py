@@ -372,6 +372,7 @@ def test_the_api_learns_and_suggests(world: World, server: int) -> None:
     """``stockade.learn(...)`` is a plain function (the learning package's :func:`learn`,
     whatever was imported before); two runs merge."""
     import inspect
+
     import stockade
     import stockade.learning
     from stockade.learning import suggest_from

@@ -165,7 +165,7 @@ def learn(
             "learning under the gVisor backend (the Sentry serves the task's system calls "
             "itself: stockade's file observer would see none of them)",
             "learn with the bubblewrap or landlock backend; the suggested policy can then "
-            "run with backend = \"gvisor\"",
+            'run with backend = "gvisor"',
         )
     see_paths = [Path(os.path.abspath(os.path.expanduser(os.fspath(p)))) for p in see]
     learning = learning_policy(base, see_paths)
