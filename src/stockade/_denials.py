@@ -9,6 +9,7 @@ able to widen its own policy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from stockade.policy import Policy
@@ -105,6 +106,22 @@ def denial_target(event: Event) -> str:
         if value:
             return str(value)
     return ""
+
+
+def grace_reports(events: Sequence[Event]) -> list[str]:
+    """What a grace period let through in one run (the policy does not admit it): each
+    host:port and request once, in order (the resolver's answers are left out: the
+    connection to the name is listed)."""
+    out: list[str] = []
+    for event in events:
+        if event.get("rule") != "grace" or event.get("verdict") != "report":
+            continue
+        if event.get("event") == "dns_query":
+            continue
+        target = denial_target(event)
+        if target and target not in out:
+            out.append(target)
+    return out
 
 
 def explain_denial(event: Event) -> dict[str, str]:

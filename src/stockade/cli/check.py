@@ -68,6 +68,7 @@ def execute(args: argparse.Namespace) -> int:
     data = policy.to_dict()
     ws_policy = _workspace_policy(policy) if args.file is None else None
     narrowed = _narrowed(policy)
+    net_grace = _grace(policy)
     if args.json:
         data["sources"] = list(policy.sources)
         data["notes"] = list(policy.notes)
@@ -76,6 +77,8 @@ def execute(args: argparse.Namespace) -> int:
         if ws_policy is not None:
             data["workspace_policy"] = {"path": str(ws_policy[0]), "trust": ws_policy[1]}
         data["narrowed"] = [n.describe() for n in narrowed]
+        if net_grace is not None:
+            data["grace"] = net_grace
         print(json.dumps(data, indent=2))
         return 0
     print(f"policy: {' + '.join(policy.sources)}  ({policy.digest()[:19]})")
@@ -107,6 +110,8 @@ def execute(args: argparse.Namespace) -> int:
         print(f"  deny      {h}")
     for name, addr in net.hosts.items():
         print(f"  pin       {name} -> {addr}")
+    if net_grace is not None:
+        print(f"  GRACE     {net_grace['says']}")
     for rule in net.rules:
         # The request rules decide inspected requests: the human view shows them as the
         # JSON view does, in file order (the first match wins).
@@ -135,6 +140,28 @@ def execute(args: argparse.Namespace) -> int:
     for warning in policy.warnings:
         print(f"WARNING     {warning}")
     return 0
+
+
+def _grace(policy: Policy) -> dict[str, object] | None:
+    """The policy's grace period as ``check`` shows it (None when it states none)."""
+    from stockade.policy._network import grace_in_force
+
+    until = policy.network.grace_until
+    if until is None:
+        return None
+    if grace_in_force(policy.network):
+        says = (
+            f"in force until {until.isoformat()} (UTC): a host or request this policy does "
+            "not admit is let through and reported (rule grace), not refused; deny entries, "
+            "deny rules and address checks are enforced; after it, all of it is"
+        )
+    else:
+        says = f"ended {until.isoformat()}: the policy is enforced as written"
+    return {
+        "until": until.isoformat(),
+        "in_force": bool(grace_in_force(policy.network)),
+        "says": says,
+    }
 
 
 def _print_plan(policy: Policy, command: list[str], *, as_json: bool) -> int:

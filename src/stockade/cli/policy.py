@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the sub-commands of ``policy``."""
     parser.usage = (
-        "stockade policy suggest RUN... [-o FILE] [--verify -- CMD...]\n"
+        "stockade policy suggest RUN... [-o FILE] [--grace DAYS] [--verify -- CMD...]\n"
         "       stockade policy verify POLICY [--learned RUN] [--no-attacks] -- CMD...\n"
         "       stockade policy diff POLICY RUN..."
     )
@@ -30,6 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--out", help="write the policy here (default: standard output)")
     s.add_argument("--verify", action="store_true", help="write it only when verify passes")
     s.add_argument("--no-attacks", action="store_true", help="with --verify: skip the scenario")
+    s.add_argument(
+        "--grace",
+        type=int,
+        default=0,
+        metavar="DAYS",
+        help="the policy states a grace period of DAYS (at most 90): until it ends, what it "
+        "does not admit is reported, not refused (docs/learn.md)",
+    )
     v = sub.add_parser("verify", help="re-run the task and the attack scenario under a policy")
     v.add_argument("policy", help="the policy file")
     v.add_argument("--learned", action="append", default=[], help="learn run directory")
@@ -84,7 +92,7 @@ def execute(args: argparse.Namespace) -> int:
     from stockade.learning import RunDir, drift, suggest_from, verify
 
     if args.action == "suggest":
-        suggestion = suggest_from(args.runs)
+        suggestion = suggest_from(args.runs, grace_days=args.grace)
         text = suggestion.to_toml()
         if args.verify:
             if not args.command:

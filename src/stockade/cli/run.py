@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from stockade.policy import Policy
+
 #: how ``--ask`` asks about hosts that are not on the allow-list
 ASK_MODES = ("auto", "tty", "never", "control")
 #: option -> (attribute, conversion); the same options add_arguments declares
@@ -355,6 +357,8 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
         channel.close()
     for line in denial_summary(result.denials, result.audit_path, args.policy):
         print(line, file=sys.stderr)
+    for line in grace_summary(result.events, policy, args.policy):
+        print(line, file=sys.stderr)
     if result.layer is not None:
         print(
             f"stockade: overlay run {result.run_id}: the workspace is untouched; review with "
@@ -363,6 +367,33 @@ def execute(args: argparse.Namespace | SimpleNamespace) -> int:
             file=sys.stderr,
         )
     return result.returncode
+
+
+def grace_summary(
+    events: Sequence[dict[str, Any]], policy: Policy, policy_file: Path | None = None
+) -> list[str]:
+    """The lines ``run`` prints after a run in a grace period that let through what the
+    policy does not admit: what, and that a person must extend the policy on purpose
+    before the period ends (nothing is ever added to it by itself)."""
+    from stockade._denials import grace_reports
+
+    seen = grace_reports(events)
+    until = policy.network.grace_until
+    if not seen or until is None:
+        return []
+    from stockade.policy._load import user_policy_path
+
+    where = str(policy_file) if policy_file is not None else str(user_policy_path())
+    shown = ", ".join(seen[:_TARGETS_SHOWN])
+    if len(seen) > _TARGETS_SHOWN:
+        shown += f", and {len(seen) - _TARGETS_SHOWN} more"
+    line = (
+        f"stockade: grace period until {until.isoformat()}: this run needed {len(seen)} "
+        f"thing(s) the policy does not admit, let through and reported ({shown}); extend "
+        f"{where} on purpose (stockade policy diff, or network.allow and [[network.rules]]) "
+        "before then: after it they are refused"
+    )
+    return ["".join(c if c.isprintable() else "?" for c in line)]
 
 
 def _warn(line: str) -> None:

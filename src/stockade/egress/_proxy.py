@@ -614,12 +614,16 @@ class EgressProxy:
                     # chose connect_by = "name", so the upstream resolves this allowed
                     # name. A name that does resolve here is still classified below.
                     record.address_class = "resolved-by-upstream"
-                    record.decision = Decision(
-                        Verdict.ALLOW,
-                        LAYER,
-                        Reason.ALLOWED,
-                        decision.rule,
-                        "resolved by the upstream",
+                    record.decision = (
+                        decision
+                        if decision.verdict is Verdict.REPORT
+                        else Decision(
+                            Verdict.ALLOW,
+                            LAYER,
+                            Reason.ALLOWED,
+                            decision.rule,
+                            "resolved by the upstream",
+                        )
                     )
                     return UNRESOLVED
                 record.decision = _deny(Reason.RESOLVE_FAILED, failure)
@@ -641,7 +645,11 @@ class EgressProxy:
                 record.address_class = str(verdict.address_class)
                 rule = decision.rule
                 detail = "" if not verdict.decision.rule else f"address by {verdict.decision.rule}"
-                record.decision = Decision(Verdict.ALLOW, LAYER, Reason.ALLOWED, rule, detail)
+                if decision.verdict is Verdict.REPORT:
+                    # let through by a grace period: logged as what it would have been
+                    record.decision = decision
+                else:
+                    record.decision = Decision(Verdict.ALLOW, LAYER, Reason.ALLOWED, rule, detail)
                 return address
             if first_denied is None:
                 first_denied = verdict

@@ -18,12 +18,14 @@ of ``stockade`` whenever it is imported. See docs/learn.md.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stockade._exceptions import PolicyError, Unavailable
 from stockade.learning._observe import (
     LEARN_VISIBLE,
     LearnResult,
@@ -35,7 +37,6 @@ from stockade.learning._observe import (
     run_record,
 )
 from stockade.learning._suggest import Suggestion, suggest
-from stockade._exceptions import Unavailable
 from stockade.policy import Policy, load_policy
 
 __all__ = [
@@ -220,13 +221,29 @@ def _gather(
 
 
 def suggest_from(
-    run_dirs: Sequence[str | os.PathLike[str]], *, base: Policy | None = None
+    run_dirs: Sequence[str | os.PathLike[str]],
+    *,
+    base: Policy | None = None,
+    grace_days: int = 0,
+    today: datetime.date | None = None,
 ) -> Suggestion:
     """:func:`suggest` over the merged observations of ``run_dirs``; ``base``'s
-    ``env.pass`` names may be suggested (default: none)."""
+    ``env.pass`` names may be suggested (default: none). ``grace_days``: the policy
+    states a grace period ending that many days after ``today`` (UTC), at most
+    ``GRACE_MAX_DAYS`` (docs/learn.md, "Drift during a grace period"); 0: none."""
+    from stockade.policy._load import GRACE_MAX_DAYS
+
+    if not 0 <= grace_days <= GRACE_MAX_DAYS:
+        raise PolicyError(
+            f"--grace {grace_days}: a grace period is 1 to {GRACE_MAX_DAYS} days (0: none)"
+        )
     observations, summaries = _gather(run_dirs)
     env_pass = [e.name for e in base.env.pass_] if base is not None else []
-    return suggest(observations, summaries, env_pass=env_pass)
+    out = suggest(observations, summaries, env_pass=env_pass)
+    if grace_days:
+        day = today if today is not None else datetime.datetime.now(datetime.UTC).date()
+        out.grace_until = (day + datetime.timedelta(days=grace_days)).isoformat()
+    return out
 
 
 class VerifyResult:
@@ -268,6 +285,12 @@ def verify(
     import hashlib
 
     loaded = _load(policy, workspace)
+    if loaded.network.grace_until is not None:
+        # Verified as it will be enforced once the grace period is over: in it, a host
+        # the policy lacks would be let through and no needed action could break.
+        from stockade._record import replace
+
+        loaded = replace(loaded, network=replace(loaded.network, grace_until=None))
     out = VerifyResult()
     run = _execute(argv, loaded, cwd=cwd, timeout=timeout, env=env)
     out.returncode = run.returncode

@@ -25,7 +25,8 @@ def not_admitted(
 ) -> list[str]:
     """One line per needed observation ``policy`` refuses (the host, the request, the
     file), naming the run it came from; [] when the policy admits all of them."""
-    rules = EgressRules.from_policy(policy.network)
+    # as the policy will be enforced: a grace period in force would admit every name
+    rules = EgressRules.from_policy(policy.network, grace=False)
     requests = RuleSet(policy.network.rules)
     out: list[str] = []
     seen: set[tuple[Any, ...]] = set()

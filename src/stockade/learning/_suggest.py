@@ -86,6 +86,8 @@ class Suggestion:
     upstream_ca: str = ""
     refused: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: the last day (ISO) of the grace period the policy states; "" for none
+    grace_until: str = ""
 
     def section(self, name: str) -> list[Line]:
         """The lines of one section (``allow``, ``hosts``, ``rules``, ``read``, ...)."""
@@ -339,6 +341,15 @@ def _render(s: Suggestion) -> str:
         out += _why(line)
         out.append(f"    {_q(line.value)},")
     out.append("]")
+    if s.grace_until:
+        out += [
+            "# GRACE PERIOD: until this day (UTC) a host or request this policy does not",
+            "# admit is let through and reported on every run (`stockade run` prints it,",
+            "# the audit log has it as verdict report, rule grace), never added here: extend",
+            "# this file on purpose. After it, everything above is enforced as written.",
+            "# Delete the line to enforce it now.",
+            f"grace_until = {s.grace_until}",
+        ]
     if s.tls_ports:
         out.append("# kept from the learning policy: ports whose tunnels must carry TLS")
         out.append("tls_ports = [" + ", ".join(str(p) for p in s.tls_ports) + "]")

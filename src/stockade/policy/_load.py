@@ -12,6 +12,7 @@ Every error names the file, the key path, the value and the fix.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import re
@@ -699,6 +700,11 @@ def _build_checked(
             raise v.fail(f"network.tls_ports[{i}]", port, "a port is at most 65535")
     transparent = v.boolean("network.transparent", net.get("transparent", True))
     strict = v.boolean("network.strict", net.get("strict", False))
+    if base is not None and "grace_until" in net:
+        # Report mode lets through what the allow-list does not name: only the user may
+        # choose it, never a file the sandbox can write (workspace files only tighten).
+        raise v.fail("network.grace_until", net["grace_until"], _WIDEN_FIX)
+    grace_until = _grace_until(net.get("grace_until"), v)
     mcp_raw = raw.get("mcp", {})
     allow_always = v.boolean("mcp.allow_always", mcp_raw.get("allow_always", False))
     if base is not None and "upstream" in net:
@@ -752,6 +758,8 @@ def _build_checked(
     )
     if strict:
         policy = replace(policy, network=replace(policy.network, strict=True))
+    if grace_until is not None:
+        policy = replace(policy, network=replace(policy.network, grace_until=grace_until))
     if allow_always:
         policy = replace(policy, mcp=replace(policy.mcp, allow_always=True))
     inspect_table = raw.get("inspect", {})
@@ -916,6 +924,9 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
             # A workspace file may switch capture off, never back on.
             transparent=base.network.transparent and ws.network.transparent,
             upstream=base.network.upstream,
+            # the user's grace period stands (a workspace file cannot name one: refused
+            # before this); what it lets through is reported on every run
+            grace_until=base.network.grace_until,
         ),
         limits=limits,
         layers=LayersPolicy(
@@ -940,6 +951,40 @@ def _tighten(base: Policy, ws: Policy, raw: Mapping[str, Any], v: _Validator) ->
         # A workspace file may turn asking off (that only tightens), never back on.
         merged = replace(merged, network=replace(merged.network, strict=True))
     return merged
+
+
+#: the longest grace period a policy may state, from the day it is loaded: a grace
+#: period is a short step towards a policy a person extends on purpose, not a standing
+#: report mode (an allow-list nobody enforces)
+GRACE_MAX_DAYS = 90
+
+
+def _grace_until(value: object, v: _Validator) -> datetime.date | None:
+    """``network.grace_until``: a TOML date or a "YYYY-MM-DD" string, at most
+    :data:`GRACE_MAX_DAYS` after today (UTC); a date already past is accepted (the
+    policy is then simply enforced: ``stockade check`` says the period ended)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        raise v.fail("network.grace_until", value, "expected a day, e.g. 2026-12-31 (no time)")
+    if isinstance(value, datetime.date):
+        day = value
+    elif isinstance(value, str):
+        try:
+            day = datetime.date.fromisoformat(value)
+        except ValueError:
+            raise v.fail("network.grace_until", value, "expected a day, e.g. 2026-12-31") from None
+    else:
+        raise v.fail("network.grace_until", value, "expected a day, e.g. 2026-12-31")
+    today = datetime.datetime.now(datetime.UTC).date()
+    if (day - today).days > GRACE_MAX_DAYS:
+        raise v.fail(
+            "network.grace_until",
+            day.isoformat(),
+            f"a grace period ends at most {GRACE_MAX_DAYS} days from today; allow what the "
+            "runs need in network.allow instead (stockade policy diff lists it)",
+        )
+    return day
 
 
 _WIDEN_FIX = (

@@ -7,6 +7,7 @@ re-interprets a spelling.
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -234,6 +235,12 @@ class NetworkPolicy:
     #: addresses still decided as always (metadata and private addresses stay refused
     #: unless pinned or named); never read from a file, only set by the learn mode
     learning: bool = False
+    #: the last day (UTC) of a learnt policy's grace period: until then a host or a
+    #: request this policy does not admit is let through and reported (verdict
+    #: ``report``, rule ``grace``), never refused silently nor allowed silently; after it
+    #: the policy is enforced as written. Only a user policy (or ``--policy``) may set it,
+    #: never a workspace file (docs/learn.md, "Drift during a grace period")
+    grace_until: datetime.date | None = None
 
 
 @record
@@ -422,6 +429,9 @@ class Policy:
             data["network"]["tls"] = {"upstream_ca": str(self.network.upstream_ca)}
         if self.network.upstream is not None:
             data["network"]["upstream"] = self.network.upstream.to_dict()
+        if self.network.grace_until is not None:
+            # Only when set, so that the digest of every other policy stays as it was.
+            data["network"]["grace_until"] = self.network.grace_until.isoformat()
         if self.secrets:
             data["secrets"] = {
                 s.name: {"from": s.source, "hosts": list(s.hosts), "header": s.header}

@@ -26,6 +26,7 @@ instance credentials by accident; writing the address itself is taken as meaning
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from stockade.policy._addresses import (
     IPAddress,
     classify,
 )
-from stockade.policy._decision import Decision, Reason
+from stockade.policy._decision import Decision, Reason, Verdict
 from stockade.policy._hosts import HostPattern, ip_literal, normalize_host, parse_pattern
 from stockade.policy._text import shown
 
@@ -46,7 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["LAYER", "AddressVerdict", "EgressRules", "parse_address"]
+__all__ = ["LAYER", "AddressVerdict", "EgressRules", "grace_in_force", "parse_address"]
 
 #: The layer name on every egress decision.
 LAYER = "egress"
@@ -100,6 +101,10 @@ class EgressRules:
     #: and resolves; each of its addresses is still decided by :meth:`check_address`, so
     #: metadata, private and this host's addresses stay refused as without learning
     learning: bool = False
+    #: a grace period in force (its last day, ISO; "" when none or over): a name no
+    #: allow entry admits gets ``report`` (reason ``host-not-allowed``, rule ``grace``)
+    #: instead of ``deny``; deny entries and every address check stay as they are
+    grace: str = ""
     _allow: tuple[HostPattern, ...] = field(init=False, repr=False)
     _deny: tuple[HostPattern, ...] = field(init=False, repr=False)
     _pins: dict[str, IPAddress] = field(init=False, repr=False)
@@ -139,8 +144,14 @@ class EgressRules:
         *,
         local: frozenset[IPAddress] | None = None,
         cluster: ClusterRanges | None = None,
+        today: datetime.date | None = None,
+        grace: bool = True,
     ) -> Self:
-        """Build from any object with ``allow``, ``deny``, ``hosts`` and ``tls_ports``."""
+        """Build from any object with ``allow``, ``deny``, ``hosts`` and ``tls_ports``.
+
+        Its ``grace_until`` is in force when ``grace`` and ``today`` (default: today,
+        UTC) is not past it (:func:`grace_in_force`); ``grace=False`` decides as the
+        policy will once the period is over (``policy diff``, ``policy verify``)."""
         return cls(
             allow=tuple(getattr(network, "allow", ())),
             deny=tuple(getattr(network, "deny", ())),
@@ -150,6 +161,7 @@ class EgressRules:
             local=local,
             cluster=cluster,
             learning=bool(getattr(network, "learning", False)),
+            grace=grace_in_force(network, today) if grace else "",
         )
 
     def pin(self, host: str) -> IPAddress | None:
@@ -170,6 +182,8 @@ class EgressRules:
                 return Decision.allow(LAYER, rule=pattern.text)
         if self.learning:
             return Decision.allow(LAYER, rule="learning")
+        if self.grace:
+            return self._grace_report()
         return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
 
     def check_lookup(self, host: str) -> Decision:
@@ -189,7 +203,18 @@ class EgressRules:
             return Decision.allow(LAYER, rule=f"hosts.{host}")
         if self.learning:
             return Decision.allow(LAYER, rule="learning")
+        if self.grace:
+            return self._grace_report()
         return Decision.deny(LAYER, Reason.HOST_NOT_ALLOWED)
+
+    def _grace_report(self) -> Decision:
+        return Decision(
+            Verdict.REPORT,
+            LAYER,
+            Reason.HOST_NOT_ALLOWED,
+            rule="grace",
+            detail=f"let through in the grace period (until {self.grace}): not in network.allow",
+        )
 
     def capture_ports(self) -> tuple[int, ...]:
         """The ports transparent capture listens on: 80, 443, the TLS ports and every port
@@ -234,6 +259,16 @@ class EgressRules:
         reason = _CLASS_REASON.get(address_class, Reason.ADDRESS_NOT_PUBLIC)
         decision = Decision.deny(LAYER, reason, detail=f"{address} is {address_class}")
         return AddressVerdict(decision, address, address_class)
+
+
+def grace_in_force(network: object, today: datetime.date | None = None) -> str:
+    """The last day (ISO) of ``network``'s grace period when ``today`` (default: today,
+    UTC) is not past it, else "" (no period, or it is over: the policy is enforced)."""
+    until = getattr(network, "grace_until", None)
+    if until is None:
+        return ""
+    day = today if today is not None else datetime.datetime.now(datetime.UTC).date()
+    return until.isoformat() if day <= until else ""
 
 
 def _strip_brackets(value: str) -> str:

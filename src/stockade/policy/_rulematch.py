@@ -80,7 +80,10 @@ class RuleSet:
     (:func:`~stockade.policy._hosts.normalize_host`), as every egress decision's are.
     """
 
-    def __init__(self, rules: Sequence[RequestRule]) -> None:
+    def __init__(self, rules: Sequence[RequestRule], *, grace: str = "") -> None:
+        #: a grace period in force (its last day, ISO): a request to a ruled host that
+        #: matches no rule is reported, not refused; a deny rule still refuses
+        self.grace = grace
         self._rules = tuple(
             _Compiled(
                 r,
@@ -118,6 +121,14 @@ class RuleSet:
             if c.rule.action == "report":
                 return Decision(Verdict.REPORT, LAYER, Reason.RULE_DENIED, name, "report only")
             return Decision.allow(LAYER, name)
+        if ruled and self.grace:
+            return Decision(
+                Verdict.REPORT,
+                LAYER,
+                Reason.NO_RULE_MATCHED,
+                "grace",
+                f"{method} {path}: let through in the grace period (until {self.grace})",
+            )
         if ruled:
             return Decision.deny(LAYER, Reason.NO_RULE_MATCHED, "", f"{method} {path}")
         return Decision.allow(LAYER)

@@ -79,6 +79,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "never ask about a host that is not allowed (stockade run --ask, the API's ask=): "
             "deny it as host-not-allowed; a workspace policy may set it, never unset it",
         ),
+        "grace_until": Key(
+            "date",
+            "none",
+            "the last day (UTC) of a learnt policy's grace period, e.g. 2026-12-31, at most "
+            "90 days ahead: until then a host or request this policy does not admit is let "
+            "through and reported (verdict report, rule grace; `stockade run` prints them), "
+            "after it refused; deny entries, deny rules and address checks stay enforced; "
+            "user policy or --policy only, never a workspace file (docs/learn.md)",
+        ),
         # --- inspect ---
         "rules": Key(
             "rules",

@@ -29,6 +29,7 @@ from stockade._record import replace
 from stockade.audit import AuditLog
 from stockade.enforce import bubblewrap, environment
 from stockade.policy import Decision, Policy, Reason, Verdict
+from stockade.policy._network import grace_in_force
 from stockade.policy._tables import SYSTEM_PATHS
 from stockade.runtime import _audit_guard, _cgroup, _mounts, _newrepo, _placeholders
 from stockade.runtime._handshake import BwrapHandshake, bwrap_started, explain_bwrap_failure
@@ -112,6 +113,12 @@ def _execute(
     # Timestamps on disk come from the kernel's coarse clock: a margin, not an instant.
     wall_started = time.time() - 1.0
     landlock = plan.landlock
+    grace = grace_in_force(policy.network)
+    grace_fields: dict[str, Any] = (
+        {"grace_until": policy.network.grace_until.isoformat(), "grace_in_force": bool(grace)}
+        if policy.network.grace_until is not None
+        else {}
+    )
     audit.emit(
         "run_start",
         policy_hash=policy.digest(),
@@ -120,7 +127,22 @@ def _execute(
         argv=list(request.argv),
         workspace=str(workspace),
         cwd=str(cwd),
+        **grace_fields,
     )
+    if grace:
+        # A learnt policy's grace period in force: in the log of every run it covers, so
+        # that what it let through is never mistaken for what the policy allows.
+        audit.emit(
+            "policy_grace",
+            layer="egress",
+            verdict="report",
+            reason="host-not-allowed",
+            detail=(
+                f"grace period until {grace}: hosts and requests this policy does not admit "
+                "are let through and reported (rule grace), not refused"
+            ),
+            grace_until=grace,
+        )
     for warning in policy.warnings:
         audit.emit(
             "policy_warning",

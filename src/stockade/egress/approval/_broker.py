@@ -306,6 +306,9 @@ class ApprovalBroker:
             tls_ports=base.tls_ports,
             extra_allow=(*base.extra_allow, *(a for a in allow if a not in base.allow)),
             local=base.local,
+            # the base's modes stand under every generation of grants
+            learning=base.learning,
+            grace=base.grace,
         )
         # A base allow entry stays the base's: its decisions keep their own rule name.
         for text in base.allow + base.extra_allow:

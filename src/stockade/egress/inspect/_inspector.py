@@ -179,8 +179,10 @@ class Inspector:
         """
         store = secrets if secrets is not None else SecretStore.resolve(policy.secrets, environ)
         labels = label_patterns(policy.labels, Path(policy.filesystem.workspace), environ)
+        from stockade.policy._network import grace_in_force
+
         return cls(
-            RuleSet(policy.network.rules),
+            RuleSet(policy.network.rules, grace=grace_in_force(policy.network)),
             store,
             labels,
             labels_configured=policy.labels.configured,
