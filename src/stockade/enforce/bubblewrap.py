@@ -29,6 +29,9 @@ STOCKADE_DIR = "/run/stockade"
 #: Where an overlay workspace's layer (upper/ and work/) is bound for the launcher to
 #: mount the overlay; the launcher masks it right after, so the command never sees it.
 OVERLAY_DIR = STOCKADE_DIR + "/overlay"
+#: Where a learning run's scratch layers are bound (one directory each, numbered), for
+#: the launcher to mount each copy-on-write view; masked right after, as OVERLAY_DIR is.
+SCRATCH_DIR = STOCKADE_DIR + "/scratch"
 
 
 @record
@@ -72,6 +75,11 @@ class ContainerPlan:
     #: The workspace is then bound read-only and the launcher mounts the overlay over it
     #: (needs ``launcher_binds``; see stockade.runtime._overlay)
     overlay: Path | None = None
+    #: a learning run's copy-on-write views, as (directory, host layer holding its
+    #: upper/ and work/): the directory stays bound read-only and the launcher mounts an
+    #: overlay over it whose writes land in the layer, which the runtime reads and
+    #: removes after the run (needs ``launcher_binds``; see stockade.runtime._learnscratch)
+    scratch: tuple[tuple[Path, Path], ...] = ()
     system_paths: tuple[str, ...] = field(default=SYSTEM_PATHS)
 
 
@@ -94,6 +102,11 @@ def launcher_mounts(plan: ContainerPlan) -> list[tuple[str, str]]:
     # The overlay first: the protected binds and pins below then bind the overlay's
     # paths (read-only inside the merged view), not the lower layer's.
     overlay = [("o", str(plan.workspace)), ("t", OVERLAY_DIR)] if plan.overlay is not None else []
+    # Each scratch view names its own layer first ("u"); masked right after mounting.
+    # Before the masks below, so that a masked path inside a view is masked in it.
+    for index, (directory, _) in enumerate(plan.scratch):
+        inside = f"{SCRATCH_DIR}/{index}"
+        overlay += [("u", inside), ("o", str(directory)), ("t", inside)]
     return [
         *overlay,
         *_secret_masks(),
@@ -166,7 +179,7 @@ def build_argv(
             # gives up every capability before anything else runs (see _launcher.c).
             # CAP_SETPCAP lets it empty the bounding set too, as --cap-drop ALL would.
             argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
-            if plan.overlay is not None:
+            if plan.overlay is not None or plan.scratch:
                 # overlayfs makes its work directory with mode 0 and works in it with
                 # the mounter's credentials: without this the mount comes up read-only.
                 argv += ["--cap-add", "CAP_DAC_OVERRIDE"]
@@ -200,6 +213,8 @@ def build_argv(
             argv += ["--bind-try", str(path), str(path)]
         for private, stands_for in plan.staged:
             argv += ["--bind", str(private), str(stands_for)]
+        for index, (_, layer) in enumerate(plan.scratch):
+            argv += ["--bind", str(layer), f"{SCRATCH_DIR}/{index}"]
         if not in_launcher:
             for path in plan.pinned:
                 argv += ["--bind", str(path), str(path)]

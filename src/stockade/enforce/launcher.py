@@ -81,7 +81,8 @@ class LauncherSpec:
     #: CAP_SYS_ADMIN and CAP_SETPCAP in its user namespace for them, gives up every
     #: capability after them, and refuses them without Landlock (see _launcher.c);
     #: "o" mounts an overlay over the path (the path is its lower layer) whose upper and
-    #: work directories are in ``overlay_layer`` (it needs CAP_DAC_OVERRIDE too)
+    #: work directories are in ``overlay_layer`` (it needs CAP_DAC_OVERRIDE too), or in
+    #: the directory of the last "u" record before it (a learning run's scratch views)
     mounts: tuple[tuple[str, str], ...] = ()
     #: the command's environment, as (name, value) pairs: the launcher execs with exactly
     #: these instead of its own environment. Given when the launcher starts on the host
@@ -154,10 +155,13 @@ def serialize(spec: LauncherSpec) -> bytes:
         out.append(rec("l", f"{name}:{value}"))
     if spec.overlay_layer is not None:
         out.append(rec("u", path(spec.overlay_layer)))
+    layer = spec.overlay_layer
     for kind, where in spec.mounts:
-        if kind not in ("k", "b", "n", "t", "o"):
-            raise ValueError(f"launcher spec: mount kind {kind!r} is not k, b, n, t or o")
-        if kind == "o" and spec.overlay_layer is None:
+        if kind not in ("k", "b", "n", "t", "o", "u"):
+            raise ValueError(f"launcher spec: mount kind {kind!r} is not k, b, n, t, o or u")
+        if kind == "u":
+            layer = where  # the layer of the "o" records after it
+        elif kind == "o" and layer is None:
             raise ValueError(f"launcher spec: overlay over {where!r} without overlay_layer")
         out.append(rec(kind, path(where)))
     out += [rec("r", path(p)) for p in spec.read_paths]

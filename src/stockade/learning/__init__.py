@@ -190,13 +190,17 @@ def learn(
         finally:
             observer.stop()
         duration = time.monotonic() - started
-        observations = [
-            *observations_from_events(run.events),
-            *file_observations(
+        from_events = observations_from_events(run.events)
+        # a write both opened (the observer) and found in a scratch view is one write
+        written = {o["path"] for o in from_events if o["kind"] == "write"}
+        files = [
+            o
+            for o in file_observations(
                 observer.seen, base.filesystem.workspace, home, see_paths, granted=toolchains
-            ),
-            *env_observations(passed),
+            )
+            if not (o["kind"] == "write" and o["path"] in written)
         ]
+        observations = [*from_events, *files, *env_observations(passed)]
         if observer.error or not observer.attached:
             observations.append(
                 {"kind": "observer", "detail": observer.error or "the listener never arrived"}

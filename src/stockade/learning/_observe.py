@@ -12,6 +12,10 @@ What a learning run changes in the policy it starts from (:func:`learning_policy
   ``see`` directory are readable, so a read outside the workspace succeeds and is seen
   by the seccomp observer (:mod:`stockade.enforce.observe`). The sandbox keeps its own
   HOME, /tmp, /proc and /dev, and ``filesystem.deny`` (the secret files) stays masked.
+  Those directories are shown through throwaway copy-on-write views
+  (``filesystem.scratch``, :mod:`stockade.runtime._learnscratch`): the task's writes
+  there succeed and are recorded (``scratch_write``), and the host's files stay as they
+  were.
 * nothing else: the container, syscalls, secrets and limits layers stay as the policy
   has them (a limit reached is recorded as an observation).
 
@@ -58,8 +62,9 @@ SUMMARY = "learn.json"
 FORMAT = 1
 
 
-def learning_policy(policy: Policy, see: Sequence[Path] = ()) -> Policy:
-    """``policy`` made to refuse nothing a task needs and to record it (module docstring)."""
+def learning_policy(policy: Policy, see: Sequence[Path] = (), *, scratch: bool = True) -> Policy:
+    """``policy`` made to refuse nothing a task needs and to record it (module docstring);
+    ``scratch``: the directories it makes readable get throwaway writable views."""
     fs = policy.filesystem
     visible = [Path(p) for p in LEARN_VISIBLE if os.path.isdir(p)]
     for extra in see:
@@ -83,9 +88,32 @@ def learning_policy(policy: Policy, see: Sequence[Path] = ()) -> Policy:
     read = tuple(dict.fromkeys((*fs.read, *visible)))
     return replace(
         policy,
-        filesystem=replace(fs, read=read, deny=(*fs.deny, *sockets)),
+        filesystem=replace(
+            fs,
+            read=read,
+            deny=(*fs.deny, *sockets),
+            scratch=scratch_dirs(read, fs.workspace) if scratch else (),
+        ),
         network=replace(policy.network, learning=True),
     )
+
+
+def scratch_dirs(candidates: Sequence[Path], workspace: Path) -> tuple[Path, ...]:
+    """The directories of ``candidates`` that get a throwaway copy-on-write view in a
+    learning run (:mod:`stockade.runtime._learnscratch`): existing directories outside
+    the workspace (and not holding it: it is read-write already), outermost only (a view
+    inside another would be a view of a view)."""
+    dirs = sorted({Path(os.path.abspath(c)) for c in candidates if os.path.isdir(c)})
+    out: list[Path] = []
+    ws = str(workspace)
+    for d in dirs:
+        text = str(d)
+        if _under(text, [ws]) or _under(ws, [text]):
+            continue
+        if _under(text, [str(o) for o in out]):
+            continue
+        out.append(d)
+    return tuple(out)
 
 
 def _digest(data: bytes | None) -> str:
@@ -138,6 +166,14 @@ def observations_from_events(events: Iterable[Mapping[str, Any]]) -> list[dict[s
         elif verdict == "deny" and event.get("layer") == "limits":
             record = {"kind": "limit", "reason": event.get("reason"), "detail": event.get("detail")}
             add(("limit", event.get("reason")), record)
+        elif name == "scratch_write" and event.get("path"):
+            # written in a throwaway view (runtime/_learnscratch.py): the host's file was
+            # not touched, the task needs the write all the same
+            path = str(event.get("path"))
+            add(
+                ("write", path),
+                {"kind": "write", "path": path, "change": event.get("change") or "written"},
+            )
         elif name == "env_dropped":
             add(
                 ("env-withheld", event.get("name")),

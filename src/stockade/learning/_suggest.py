@@ -157,6 +157,8 @@ def suggest(
     requests: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
     reads: dict[str, list[str]] = defaultdict(list)
     writes: dict[str, list[str]] = defaultdict(list)
+    #: write targets that stand for more than was written, and why
+    widen: dict[str, str] = {}
     env_seen: set[str] = set()
     withheld: set[str] = set()
     plain: set[str] = set()
@@ -189,12 +191,22 @@ def suggest(
                 texts[(host, port, method, path)].append(what)
         elif kind in ("read", "exec", "write"):
             path = str(obs.get("path", ""))
-            if not path.startswith("/") or _under(path, _ALWAYS):
+            if not path.startswith("/"):
                 continue
             if workspace and _under(path, [workspace]):
                 continue
-            what = f"run {run}: {kind} {path}"
-            if kind == "write":
+            deleted = kind == "write" and obs.get("change") == "deleted"
+            what = f"run {run}: {'delete' if deleted else kind} {path}"
+            if _under(path, _ALWAYS):
+                if kind == "write":
+                    out.skipped.append(f"{what} (a system path: no write is ever suggested there)")
+                continue
+            if deleted:
+                # removing a name is a right on its directory (Landlock's REMOVE_FILE)
+                parent = os.path.dirname(path)
+                writes[parent].append(what)
+                widen.setdefault(parent, f"deleting {path} needs its directory")
+            elif kind == "write":
                 writes[path].append(what)
             elif not exists(path):
                 out.skipped.append(f"{what} (does not exist: looked for, not needed)")
@@ -229,7 +241,7 @@ def suggest(
                     )
                 )
     _files(out, "read", reads, isdir)
-    _files(out, "write", writes, isdir, exists=exists)
+    _files(out, "write", writes, isdir, exists=exists, widen=widen)
     for name in sorted(env_seen & set(env_pass)):
         out.lines.append(Line("env", name, (f"passed in learning: {name}",)))
     for name in sorted(withheld):
@@ -282,6 +294,41 @@ def _files(
     isdir: Any,
     *,
     exists: Any = None,
+    widen: Mapping[str, str] | None = None,
+) -> None:
+    start = len(out.lines)
+    _file_lines(out, section, seen, isdir, exists=exists, widen=widen or {})
+    # one line per value, and a line inside a directory another line grants adds
+    # nothing: its observations go to the outermost such line
+    merged: dict[str, Line] = {}
+    for line in out.lines[start:]:
+        if line.value in merged:
+            m = merged[line.value]
+            line = Line(m.section, m.value, m.needs + line.needs, m.widening or line.widening)
+        merged[line.value] = line
+    dirs = [v for v, line in merged.items() if line.widening or isdir(v)]
+    kept: dict[str, Line] = {}
+    folded: dict[str, list[str]] = defaultdict(list)
+    for value, line in merged.items():
+        cover = [d for d in dirs if d != value and _under(value, [d])]
+        if cover:
+            folded[min(cover, key=len)] += line.needs
+        else:
+            kept[value] = line
+    out.lines[start:] = [
+        Line(line.section, line.value, line.needs + tuple(folded[v]), line.widening)
+        for v, line in sorted(kept.items())
+    ]
+
+
+def _file_lines(
+    out: Suggestion,
+    section: str,
+    seen: Mapping[str, list[str]],
+    isdir: Any,
+    *,
+    exists: Any,
+    widen: Mapping[str, str],
 ) -> None:
     by_dir: dict[str, list[str]] = defaultdict(list)
     for path in seen:
@@ -294,17 +341,22 @@ def _files(
             continue
         for path in sorted(members):
             if exists is not None and not exists(path):
-                # written but gone (or never there): the directory it was made in
+                # written but gone (or never there, or made in a learning run's throwaway
+                # view): the nearest directory that exists, where it can be made
+                parent = directory
+                while parent not in ("/", "") and not exists(parent):
+                    parent = os.path.dirname(parent)
                 out.lines.append(
                     Line(
                         section,
-                        directory,
+                        parent,
                         tuple(seen[path]),
-                        f"{path} does not exist now: its directory",
+                        f"{path} does not exist now: its directory"
+                        + ("" if parent == directory else f" {parent}, the nearest that does"),
                     )
                 )
             else:
-                out.lines.append(Line(section, path, tuple(seen[path])))
+                out.lines.append(Line(section, path, tuple(seen[path]), widen.get(path, "")))
 
 
 # What learning observed is what the sandbox chose: a path, a request path, a method. It

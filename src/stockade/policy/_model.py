@@ -60,6 +60,11 @@ class FilesystemPolicy:
     #: ``mode = "overlay"``: the run's writes land in a layer kept in stockade's state,
     #: reviewed and applied or discarded afterwards; the real workspace is untouched
     overlay: bool = False
+    #: a learning run only (never read from a file): directories outside the workspace
+    #: that the sandbox sees through a throwaway copy-on-write view, so that the task's
+    #: writes there succeed and are recorded while the host's files stay as they were
+    #: (stockade.learning._observe.learning_policy; docs/learn.md)
+    scratch: tuple[Path, ...] = ()
 
 
 @record

@@ -491,7 +491,9 @@ def launcher_spec(
     else:
         scratch_rw = [str(scratch), *([str(plan.tmp)] if plan.tmp else [])]
         read = [*system, *map(str, plan.toolchains), "/proc"]
-    write = [str(fs.workspace), *map(str, fs.write), *scratch_rw, "/dev"]
+    # a learning run's scratch views: writable, each through its own overlay
+    views = [str(directory) for directory, _ in plan.scratch]
+    write = [str(fs.workspace), *map(str, fs.write), *views, *scratch_rw, "/dev"]
     limits = policy.limits
     rlimits: list[tuple[str, int]] = []
     if layers.limits:

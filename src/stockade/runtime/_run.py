@@ -244,6 +244,14 @@ def _execute(
                     policy, container, runsc is not None, audit, request.overlay_layer
                 )
                 container = replace(container, overlay=overlay_layer.root)
+            if fs.scratch:
+                # a learning run: throwaway views over what it may read outside the
+                # workspace, recorded and removed at the end (_learnscratch says why)
+                from stockade.runtime import _learnscratch
+
+                container = _learnscratch.begin(
+                    policy, container, tmp.path, audit, gvisor=runsc is not None
+                )
             if resolve_command(request.argv, child_env, cwd) is None:
                 audit.emit(
                     "run_end",
@@ -433,6 +441,10 @@ def _execute(
                     from stockade.runtime import _overlay
 
                     _overlay.end(overlay_layer, returncode)
+                if container.scratch:
+                    from stockade.runtime import _learnscratch
+
+                    _learnscratch.end(container, audit)
     finally:
         if held.claim is not None:
             _sweep_repositories(held.claim, not fs.overlay, audit, report)
