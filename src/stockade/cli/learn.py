@@ -1,8 +1,9 @@
 """``stockade learn [--runs N] [-o RUN_DIR] -- CMD``: run a task in learning mode.
 
 Nothing the task needs is refused (docs/learn.md says what learning changes: every host
-name, never a metadata or private address; the host's configuration directories readable)
-and everything is recorded in RUN_DIR for ``stockade policy suggest``.
+name, never a metadata or private address; the host's configuration directories readable,
+writes there kept in a throwaway copy-on-write view) and everything is recorded in
+RUN_DIR for ``stockade policy suggest``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="make a host directory readable in learning (besides /etc, /opt, /srv, ...)",
+        help="make a host directory readable in learning (besides /etc, /opt, /srv, ...); "
+        "the task's writes there land in a throwaway view, recorded, never on the host",
     )
     parser.add_argument("--timeout", type=float, help="wall-time limit of each run, in seconds")
     parser.add_argument("command", nargs="+", help="the task (after --)")
