@@ -612,6 +612,7 @@ def test_a_run_directory_the_sandbox_could_write_is_refused(world: World) -> Non
     assert not run_dir.is_relative_to(world.workspace)
     assert world.stockade("policy", "suggest", str(run_dir)).returncode == 0
 
+
 def test_learning_under_gvisor_fails_closed_with_the_reason(world: World, runsc: str) -> None:
     """gVisor's Sentry serves the task's system calls: the observer would see nothing, so
     learning refuses (125, the reason named, no run directory) rather than learn blind;

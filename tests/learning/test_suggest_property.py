@@ -2,7 +2,7 @@
 
 Generated observations (hosts under two parents on three ports, requests over inspected
 TLS and plain HTTP, file reads in three directories, some refused in learning) go through
-:func:`stockade.learn.suggest`; then every allow line must be an observed thing exactly,
+:func:`stockade.learning.suggest`; then every allow line must be an observed thing exactly,
 or a widening the documented sibling rule permits, and every observed allowed thing must
 be admitted by the decisions stockade itself takes (``EgressRules``, ``RuleSet``).
 """
