@@ -34,3 +34,7 @@ def server() -> Iterator[int]:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# the TLS-capable static server of the toolchain tests (trustme CA, *.test names)
+from tests.runtime.test_toolchains import serve  # noqa: E402, F401

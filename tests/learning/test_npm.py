@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import World, require
-from tests.runtime.test_toolchains import MESSAGE, NPM, PKG, REQUIRE, Site, npm_registry
+from tests.runtime.test_toolchains import MESSAGE, NPM, PKG, REQUIRE, Served, Site, npm_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("kernel")]
 
@@ -164,3 +164,62 @@ def test_npm_install_drift_names_a_second_registry(world: World, registry: Site)
     drift = world.stockade("policy", "diff", str(policy), str(later))
     assert drift.returncode == 1
     assert drift.stdout.splitlines() == [f"run 1: host mirror.test:{registry.port} is not allowed"]
+
+
+def test_npm_install_over_inspected_tls_becomes_request_rules(world: World, serve: Served) -> None:
+    """The registry over TLS that the learning policy inspects (it has a rule): learning
+    records each request, the suggestion is one GET rule with exactly the packument and
+    tarball paths, verify re-runs the install under it, and the twin: ``npm publish``
+    (a PUT never seen) is refused under the suggestion while the install works."""
+    require(shutil.which("npm") is not None, "npm is not installed")
+    site = serve.start(tls=True)
+    npm_registry(site, "registry.test", scheme="https")
+    where = f"registry.test:{site.port}"
+    base = world.root / "base.toml"
+    base.write_text(
+        f'[network]\nallow = ["{where}"]\ntls_ports = [443, {site.port}]\n'
+        f'tls = {{ upstream_ca = "{serve.ca_path}" }}\n'
+        '[network.hosts]\n"registry.test" = "127.0.0.1"\n'
+        f'[[network.rules]]\nhost = "{where}"\npaths = ["/**"]\n'
+    )
+    install = NPM.format(host="registry.test", port=site.port, pkg=PKG).replace(
+        "http://", "https://"
+    )
+    task = ["sh", "-c", f"mkdir -p /tmp/app && cd /tmp/app && {install} >/dev/null && {REQUIRE}"]
+    run_dir = world.root / "learnt"
+    learnt = world.stockade(
+        "learn", "--policy", str(base), "-o", str(run_dir), "--", *task, timeout=300
+    )
+    assert learnt.returncode == 0, learnt.stderr
+    assert MESSAGE in learnt.stdout
+    policy = world.root / "npm-tls.toml"
+    verified = world.stockade(
+        "policy", "suggest", str(run_dir), "-o", str(policy), "--verify", "--", *task, timeout=600
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert "needed actions broken: 0" in verified.stderr
+    assert "unneeded actions open: 0" in verified.stderr
+    from stockade.policy import load_policy
+
+    loaded = load_policy(policy, workspace=world.workspace)
+    assert loaded.network.allow == (where,)
+    assert {(r.host, r.methods, r.paths) for r in loaded.network.rules} == {
+        (where, ("GET",), (f"/{PKG}", f"/{PKG}/-/{PKG}-1.0.0.tgz"))
+    }
+    # the twin: a publish is a request never seen, refused; the install still works
+    mine = world.workspace / "mine"
+    mine.mkdir()
+    (mine / "package.json").write_text(json.dumps({"name": "stockade-mine", "version": "1.0.0"}))
+    publish = (
+        f"cd mine && npm publish --registry https://{where}/ --cache ../.npm-cache "
+        f"--//{where}/:_authToken=not-a-secret --fetch-retries 0 --loglevel error; "
+        "echo publish-exit=$?"
+    )
+    site.reset()
+    ran = world.stockade(
+        "run", "--policy", str(policy), "--", "sh", "-c", f"{task[2]}; {publish}", timeout=300
+    )
+    assert MESSAGE in ran.stdout, ran.stdout + ran.stderr
+    assert "publish-exit=0" not in ran.stdout
+    assert not any(s.startswith("PUT") for s in site.seen)
+    assert f"GET /{PKG}/-/{PKG}-1.0.0.tgz" in site.seen
