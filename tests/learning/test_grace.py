@@ -94,6 +94,8 @@ def test_in_the_grace_period_a_host_the_policy_lacks_is_reported_not_refused(
     assert policy.read_text() == before
     check = world.stockade("check", "--policy", str(policy))
     assert f"GRACE     in force until {_day(7)}" in check.stdout
+    explain = world.stockade("explain", "--policy", str(policy))
+    assert f"grace period: until {_day(7)}" in explain.stdout
 
 
 def test_after_the_grace_period_the_same_run_is_refused(world: World, server: int) -> None:
@@ -112,6 +114,7 @@ def test_after_the_grace_period_the_same_run_is_refused(world: World, server: in
     assert "grace period until" not in err
     check = world.stockade("check", "--policy", str(policy))
     assert f"ended {_day(-1)}: the policy is enforced as written" in check.stdout
+    assert "grace period:" not in world.stockade("explain", "--policy", str(policy)).stdout
 
 
 def test_a_workspace_file_cannot_start_a_grace_period(world: World, server: int) -> None:

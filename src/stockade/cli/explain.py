@@ -137,6 +137,19 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
                 "risk": "explicitly allows that address, even loopback or private",
             }
         )
+    from stockade.policy._network import grace_in_force
+
+    grace = grace_in_force(policy.network)
+    if grace:
+        exceptions.append(
+            {
+                "kind": "grace period",
+                "value": f"until {grace}",
+                "risk": "a host or request this policy does not admit is let through and "
+                "reported, not refused: anything the sandbox reads can leave to any public "
+                "host the allow-list lacks until then (deny entries and address checks hold)",
+            }
+        )
     for entry in policy.network.allow:
         risk = _broad_note(entry)
         if risk:
