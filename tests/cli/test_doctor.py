@@ -47,6 +47,7 @@ def test_doctor_reports_what_this_host_has() -> None:
     }
     assert all(c["ok"] for c in checks.values())
     assert "seccomp user notification" in checks["learn mode"]["detail"]
+    assert ("copy-on-write views" in checks["learn mode"]["detail"]) == _host.mount_api()
     assert checks["landlock"]["detail"].startswith(f"ABI {_host.landlock_abi()}")
     assert ("launcher makes" in checks["mount API"]["detail"]) == _host.mount_api()
     assert "resolver and capture" in checks["transparent egress"]["detail"]

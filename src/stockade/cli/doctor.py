@@ -225,7 +225,16 @@ def checks(
             # need root (CAP_AUDIT_READ, CAP_SYS_ADMIN), this one works for every user
             "name": "learn mode",
             "ok": notify,
-            "detail": f"files seen by {observe.MECHANISM}" if notify else why,
+            "detail": (
+                f"files seen by {observe.MECHANISM}; writes outside the workspace kept in "
+                + (
+                    "throwaway copy-on-write views"
+                    if _host.mount_api()
+                    else "no view (no new mount API): refused and observed"
+                )
+                if notify
+                else why
+            ),
             "fix": "" if notify else "stockade learn needs a kernel >= 5.5 with seccomp filters",
             "layers": [],
         }
