@@ -154,6 +154,15 @@ def begin(
         for part in ("upper", "work"):
             (layer / part).mkdir(mode=0o700, parents=True)
         views.append((directory, layer))
+        emit(
+            "layer_note",
+            layer="files",
+            verdict="report",
+            reason="path-not-granted",
+            detail=f"scratch view over {directory}: the task's writes there land in a "
+            "throwaway layer, recorded after the run; the host's files stay as they are",
+            path=str(directory),
+        )
     return replace(container, scratch=tuple(views)) if views else container
 
 
