@@ -124,3 +124,18 @@ def test_request_rules_report_an_unmatched_request_and_keep_deny_rules() -> None
     assert graced.decide("api.test", 443, "GET", "/admin/x").verdict == "deny"
     enforced = RuleSet(policy.network.rules)
     assert enforced.decide("api.test", 443, "POST", "/v1/orders").verdict == "deny"
+
+
+def test_stockade_trust_names_a_grace_period_among_what_pinning_opens() -> None:
+    """A workspace file pinned with ``stockade trust`` is read as the user's own, so it
+    may state a grace period: the person pinning it is told (policy._trust.widenings)."""
+    from stockade.policy._trust import widenings
+
+    now = parse_policy_text('[network]\nallow = ["a.test"]\n', "user")
+    graced = parse_policy_text(f'[network]\nallow = ["a.test"]\ngrace_until = {_day(7)}\n', "ws")
+    assert any(
+        line.startswith(f"network.grace_until: {_day(7)}") for line in widenings(now, graced)
+    )
+    # the twins: the same period as the user's own, or none, opens nothing more
+    assert widenings(graced, graced) == []
+    assert widenings(graced, now) == []

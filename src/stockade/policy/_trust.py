@@ -193,6 +193,13 @@ def widenings(now: Policy, trusted: Policy) -> list[str]:
         out.append(f"limits raised: {', '.join(raised)}")
     if trusted.mcp.allow_always and not now.mcp.allow_always:
         out.append("mcp.allow_always: true")
+    grace = trusted.network.grace_until
+    if grace is not None and (now.network.grace_until is None or grace > now.network.grace_until):
+        # report mode: until that day what the allow-list lacks is let through
+        out.append(
+            f"network.grace_until: {grace.isoformat()} (hosts and requests the policy "
+            "does not admit are let through, reported, until then)"
+        )
     return out
 
 
