@@ -22,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("kernel")
 
 TASK = (
     "set -e; cat {d}/app.conf; echo new > {d}/app.conf; mkdir {d}/made; echo x > {d}/made/f; "
-    "rm {d}/sub/k; cat {d}/app.conf {d}/made/f; ls {d}/sub | wc -l"
+    "rm {d}/sub/k; rm -r {d}/gone; mkdir {d}/gone; cat {d}/app.conf {d}/made/f; "
+    "{{ ls -A {d}/sub; ls -A {d}/gone; }} | wc -l"
 )
 
 
@@ -38,6 +39,8 @@ def _shown(world: World) -> Path:
     (shown / "sub").mkdir(parents=True)
     (shown / "app.conf").write_text("old\n")
     (shown / "sub" / "k").write_text("keep\n")
+    (shown / "gone").mkdir()
+    (shown / "gone" / "old").write_text("old\n")
     return shown
 
 
@@ -66,6 +69,7 @@ def test_writes_outside_the_workspace_succeed_in_a_view_and_the_host_is_unchange
         str(shown / "made"): "made",
         str(shown / "made" / "f"): "written",
         str(shown / "sub" / "k"): "deleted",
+        str(shown / "gone"): "replaced",
     }
     # suggest grants the directory, named as a widening, each write its reason
     from stockade.learning import suggest_from
@@ -73,7 +77,7 @@ def test_writes_outside_the_workspace_succeed_in_a_view_and_the_host_is_unchange
     write = suggest_from([run_dir]).section("write")
     assert [line.value for line in write] == [str(shown)]
     assert write[0].widening
-    assert len(write[0].needs) == 4
+    assert len(write[0].needs) == 5
     # the twin: a normal run refuses the same write (nothing grants it)
     policy = world.root / "read-only.toml"
     policy.write_text(f'[filesystem]\nread = ["{shown}"]\n')

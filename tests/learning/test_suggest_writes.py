@@ -28,8 +28,14 @@ def test_a_deletion_grants_its_directory_named_as_a_widening() -> None:
     lines = _lines(_write("/srv/app/sub/k", "deleted"))
     assert list(lines) == ["/srv/app/sub"]
     widening, needs = lines["/srv/app/sub"]
-    assert "deleting /srv/app/sub/k needs its directory" in widening
+    assert "to delete /srv/app/sub/k needs its directory" in widening
     assert needs == ("run 1: delete /srv/app/sub/k",)
+
+
+def test_a_directory_replaced_grants_the_directory_holding_it() -> None:
+    lines = _lines(_write("/srv/app/sub", "replaced"))
+    assert list(lines) == ["/srv/app"]
+    assert lines["/srv/app"][1] == ("run 1: replace /srv/app/sub",)
 
 
 def test_what_was_made_grants_the_nearest_existing_directory_and_folds_the_rest() -> None:

@@ -195,17 +195,20 @@ def suggest(
                 continue
             if workspace and _under(path, [workspace]):
                 continue
-            deleted = kind == "write" and obs.get("change") == "deleted"
-            what = f"run {run}: {'delete' if deleted else kind} {path}"
+            change = obs.get("change") if kind == "write" else None
+            # removing a name, or a directory removed and made again, is a right on the
+            # directory that holds it (Landlock's REMOVE_FILE, REMOVE_DIR, MAKE_DIR)
+            deleted = change in ("deleted", "replaced")
+            verb = {"deleted": "delete", "replaced": "replace"}.get(str(change), kind)
+            what = f"run {run}: {verb} {path}"
             if _under(path, _ALWAYS):
                 if kind == "write":
                     out.skipped.append(f"{what} (a system path: no write is ever suggested there)")
                 continue
             if deleted:
-                # removing a name is a right on its directory (Landlock's REMOVE_FILE)
                 parent = os.path.dirname(path)
                 writes[parent].append(what)
-                widen.setdefault(parent, f"deleting {path} needs its directory")
+                widen.setdefault(parent, f"to {verb} {path} needs its directory")
             elif kind == "write":
                 writes[path].append(what)
             elif not exists(path):

@@ -10,8 +10,9 @@ overlay costs neither: the launcher mounts one over each directory learning make
 visible (``filesystem.scratch``), with the directory itself (bound read-only) as its
 lower layer and a fresh layer in the run's private scratch directory on the host as
 its upper; Landlock grants the write right on the view. After the run every entry of
-each upper layer is recorded (``scratch_write``: written, made, or deleted, which
-overlayfs keeps as a whiteout), then the layer is removed with the run's scratch.
+each upper layer is recorded (``scratch_write``: written, made, replaced (a directory
+removed and made again) or deleted (overlayfs keeps a whiteout)), then the layer is
+removed with the run's scratch.
 
 Refused views fall back to what learning did before (the directory read-only, a write
 refused and still observed): fail closed, never a read-write host directory. A view is
@@ -134,6 +135,9 @@ def begin(
         reason = ""
         if not directory.is_dir():
             reason = "not a directory"
+        elif os.path.realpath(directory) != str(directory):
+            # the checks below read the host's mounts by path: only the real one counts
+            reason = "its path goes through a symbolic link (name the real directory)"
         elif covers:
             reason = f"the sandbox's own {covers[0]} is there"
         elif inside:
@@ -166,6 +170,14 @@ def begin(
     return replace(container, scratch=tuple(views)) if views else container
 
 
+def _opaque(path: str) -> bool:
+    """True when overlayfs marked this upper directory opaque (userxattr: user.*)."""
+    try:
+        return os.getxattr(path, "user.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
 def _entries(directory: Path, upper: Path) -> list[tuple[str, str]]:
     """(path the sandbox saw, change) for every entry of one upper layer."""
     out: list[tuple[str, str]] = []
@@ -173,9 +185,12 @@ def _entries(directory: Path, upper: Path) -> list[tuple[str, str]]:
         rel = os.path.relpath(root, upper)
         seen = Path(directory) if rel == "." else Path(directory) / rel
         for name in dirs:
-            # a directory the task made; one copied up (a file below it changed) existed
+            # a directory the task made; one copied up (a file below it changed) existed;
+            # one marked opaque was removed and made again (what it held is gone)
             if not os.path.lexists(seen / name):
                 out.append((str(seen / name), "made"))
+            elif _opaque(os.path.join(root, name)):
+                out.append((str(seen / name), "replaced"))
         for name in files:
             full = os.path.join(root, name)
             try:
