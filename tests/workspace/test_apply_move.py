@@ -58,3 +58,21 @@ def test_a_hard_linked_file_is_copied_and_its_other_name_kept(tmp_path: Path) ->
     assert [c.path for c in changes(layer)] == ["c.txt"]
     assert [o.action for o in apply(layer)] == ["applied"]
     assert (ws / "c.txt").read_text() == "b\n"
+
+
+def test_a_file_written_just_before_a_run_starts_is_not_taken_for_a_change_during_it(
+    tmp_path: Path,
+) -> None:
+    # A run's start is the next tick of the clock that stamps ctime: a host file written
+    # just before (in the same tick, as a test fixture or an editor's save can be) has a
+    # ctime below it, and apply does not refuse it as changed while the run ran; a file
+    # written after the start (the twin) still has a ctime at or above it.
+    from stockade.workspace._layer import next_coarse_tick_ns
+
+    path = tmp_path / "f"
+    for i in range(50):
+        path.write_text(str(i))
+        start = next_coarse_tick_ns()
+        assert path.stat().st_ctime_ns < start
+        path.write_text("after")
+        assert path.stat().st_ctime_ns >= start

@@ -37,12 +37,30 @@ def layers_dir() -> Path:
 def coarse_now_ns() -> int:
     """The clock the kernel stamps ctime with (coarse real time), in nanoseconds.
 
-    A file changed after this instant has a ctime at least this value, so comparing
-    a host file's ctime with a run's start says whether it changed since (a change made
-    within the same clock tick before the start counts as after: refused, never missed).
+    A file changed after this instant has a ctime at least this value; one changed in
+    the same tick just before it has that value too (:func:`next_coarse_tick_ns` is the
+    start that tells the two apart).
     """
     # Python does not name it; 5 is CLOCK_REALTIME_COARSE in <linux/time.h>.
     return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))
+
+
+def next_coarse_tick_ns() -> int:
+    """A run's start that tells a host file changed before it from one changed after.
+
+    The kernel stamps ctime from the coarse clock, or (multigrain timestamps, Linux 6.13
+    and later) from the fine one when the old stamp was looked at: a file changed before
+    this call has a ctime at most the fine time it returns; this call then waits (one
+    tick at most, 1 to 4 ms) until the coarse clock has passed that time too, so a file
+    changed after it has a ctime at or above it. With the coarse clock alone a file
+    written in the same tick just before the run would read as changed during it (and be
+    refused at apply); with the fine clock alone one changed early in the run could read
+    as before it (and be missed).
+    """
+    start = time.time_ns()
+    while coarse_now_ns() < start:
+        time.sleep(0.0002)
+    return start
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -106,7 +124,7 @@ class Layer:
                 "workspace_dev": st.st_dev,
                 "workspace_ino": st.st_ino,
                 "started": time.time(),
-                "started_coarse_ns": coarse_now_ns(),
+                "started_coarse_ns": next_coarse_tick_ns(),
                 "state": "running",
                 "pid": os.getpid(),
                 "runs": [run_id],
