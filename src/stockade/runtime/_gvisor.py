@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stockade import _roots
-from stockade._exceptions import SandboxError
+from stockade._exceptions import SandboxError, Unavailable
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
 
@@ -43,6 +43,9 @@ class GvisorRun:
         self.pid_file = self.base / "runsc.pid"
         #: the Sentry's Go panic, if any: a sandbox that died under the command
         self.panic_log = self.base / "runsc.panic"
+        #: where the entry says why the kernel refused an overlay workspace's mount
+        #: (gvisor.ENTRY_SCRIPT); a host file in no mount of the sandbox
+        self.refused = self.base / "entry.refused"
         #: the listening socket runsc hands a terminal bundle's pty to (open_console)
         self.console: socket.socket | None = None
         for path in (self.base, self.bundle, self.bundle / "rootfs", self.state):
@@ -71,10 +74,19 @@ class GvisorRun:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f)
 
-    def argv(self, info_fd: int, block_fd: int, *, share_net: bool = False) -> list[str]:
+    def argv(
+        self,
+        info_fd: int,
+        block_fd: int,
+        *,
+        share_net: bool = False,
+        overlay: tuple[Path, Path] | None = None,
+    ) -> list[str]:
         """The outermost argv: the entry script, then ``runsc run``; ``share_net`` (the
         egress layer is off) keeps the caller's network namespace, so that runsc
-        ``--network=host`` is the host's network, as bubblewrap's ``--share-net`` is."""
+        ``--network=host`` is the host's network, as bubblewrap's ``--share-net`` is;
+        ``overlay`` (workspace, layer directory): the entry mounts the workspace's
+        overlay host-side, around runsc (:data:`gvisor.ENTRY_SCRIPT`)."""
         runsc = gvisor.runsc_argv(
             self.runsc,
             str(self.state),
@@ -96,6 +108,8 @@ class GvisorRun:
             state=str(self.state),
             container_id=self.container_id,
             share_net=share_net,
+            overlay=(str(overlay[0]), str(overlay[1])) if overlay is not None else None,
+            refused=str(self.refused),
         )
 
     # -- the terminal ------------------------------------------------------------------
@@ -148,7 +162,18 @@ class GvisorRun:
         """Raise :class:`SandboxError` when ``returncode`` is runsc's failure rather than
         the command's (:func:`gvisor.start_failure`): a sandbox that never started is exit
         125 with runsc's message above, as a bubblewrap that could not set up is; a
-        command that exits 1 is 1."""
+        command that exits 1 is 1; an overlay the kernel refused to mount is
+        :class:`Unavailable` with the kernel's reason (the command did not run)."""
+        try:
+            refused = self.refused.read_text(errors="replace").strip()
+        except OSError:
+            refused = ""
+        if refused:
+            raise Unavailable(
+                f"an overlay workspace with the gVisor backend on this host ({refused[:600]})",
+                "run it without --overlay, or with --backend bubblewrap; docs/overlay.md "
+                "lists what the kernel needs",
+            )
         try:
             pid = self.pid_file.read_text()
         except OSError:

@@ -1,15 +1,20 @@
 """An overlay workspace for one run: the layer made before, its base recorded after.
 
-The sandbox sees the workspace as usual, but the launcher mounts an overlay over it
-(``enforce/_launcher.c``, record ``o``) whose upper layer lives in stockade's state
-(:class:`stockade.workspace.Layer`); bubblewrap binds the real workspace read-only as
-the lower layer. What the run wrote is then reviewed and applied or discarded
-(``stockade changes/diff/apply/discard``).
+The sandbox sees the workspace as usual, but every write lands in an upper layer that
+lives in stockade's state (:class:`stockade.workspace.Layer`). Under bubblewrap the
+launcher mounts the overlay over the workspace (``enforce/_launcher.c``, record ``o``)
+and bubblewrap binds the real workspace read-only as the lower layer; under gVisor the
+entry mounts the same overlay host-side, in the user and mount namespace runsc starts in,
+and runsc binds the merged view (``enforce/gvisor.ENTRY_SCRIPT``). Both are overlayfs
+with ``userxattr``, so the layer has one format. What the run wrote is then reviewed and
+applied or discarded (``stockade changes/diff/apply/discard``).
 
-Fail closed: an overlay needs the container layer (the mount namespace), the files layer
-(the launcher mounts only under Landlock, which also keeps the bubblewrap init's view,
-where the layer is bound, out of reach) and the new mount API; without any of them the
-run is refused with the reason, never given a read-write workspace instead.
+Fail closed: under bubblewrap an overlay needs the container layer (the mount
+namespace), the files layer (the launcher mounts only under Landlock, which also keeps
+the bubblewrap init's view, where the layer is bound, out of reach) and the new mount
+API; under gVisor, a kernel that mounts overlayfs in a user namespace (refused at start,
+with the kernel's reason). Without them the run is refused with the reason, never given
+a read-write workspace instead.
 """
 
 from __future__ import annotations
@@ -31,16 +36,12 @@ def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailabl
             "run it with --backend bubblewrap, or without --overlay",
         )
     if gvisor:
-        # Measured with runsc release-20240729.0: runsc's --overlay2 keeps its upper
-        # layer in a memory-backed file of its own format (no review can read it), and
-        # the Sentry's own overlayfs, mounted inside, refuses an upper directory on a
-        # host (gofer) mount with EINVAL: it takes a tmpfs upper only, which dies with
-        # the sandbox. Neither leaves a layer on the host to review and apply.
-        return Unavailable(
-            "an overlay workspace with the gVisor backend (gVisor's overlay keeps its "
-            "upper layer inside the sandbox, where no review can read it)",
-            "run it with --backend bubblewrap, or without --overlay",
-        )
+        # Mounted host-side, around runsc, by the gVisor entry (gvisor.ENTRY_SCRIPT), in
+        # the mount namespace runsc is started in: the sandbox reaches the files only
+        # through runsc's binds of the merged view, so neither Landlock nor the
+        # launcher's mount API is needed. gVisor's own overlays keep no layer a review
+        # can read (docs/gvisor.md). What the kernel refuses there is named at start.
+        return None
     if not layers.container:
         return Unavailable(
             "an overlay workspace without the container layer",

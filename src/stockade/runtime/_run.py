@@ -355,7 +355,12 @@ def _execute(
             spawn_env = _roots.host_environment()
             if sandbox is not None and start is not None:
                 # Egress off: the host's network, as bubblewrap's --share-net gives.
-                argv = sandbox.argv(start.info_w, start.block_r, share_net=container.share_net)
+                argv = sandbox.argv(
+                    start.info_w,
+                    start.block_r,
+                    share_net=container.share_net,
+                    overlay=(workspace, overlay_layer.root) if overlay_layer is not None else None,
+                )
                 spawn_env = sandbox.env()
                 depth = 0  # runsc run forwards signals to the command itself
             elif bwrap is not None and plan.bwrap_runs:
