@@ -79,13 +79,23 @@ def test_without_an_overlay_workspace_the_layer_stops_nothing() -> None:
     assert "overlay" not in exercised_layers(plain, seed.actions)
 
 
-@pytest.mark.parametrize("backend", ["gvisor", "landlock"])
 def test_the_layer_stops_nothing_where_the_runtime_refuses_an_overlay(
-    boundary: Boundary, backend: str
+    boundary: Boundary,
 ) -> None:
-    # runtime/_overlay.refusal: such a run never starts (exit 125)
-    assert boundary.with_backend(backend).stops("overlay", write(WS / "a")) is None
+    # runtime/_overlay.refusal: under landlock such a run never starts (exit 125)
+    assert boundary.with_backend("landlock").stops("overlay", write(WS / "a")) is None
     assert boundary.with_backend("bubblewrap").stops("overlay", write(WS / "a")) is not None
+
+
+def test_under_gvisor_the_layer_stops_what_it_stops_under_bubblewrap(
+    overlay: scenarios.Scenario, boundary: Boundary
+) -> None:
+    # The gVisor entry mounts the same overlayfs layer around runsc (runtime/_overlay).
+    gv = boundary.with_backend("gvisor")
+    assert gv.stops("overlay", write(WS / "a")) == Reason.NOT_APPLIED
+    assert gv.stops("overlay", write(WS / "a", approved=True)) is None
+    for action in overlay.actions:
+        assert gv.stops("overlay", action) == boundary.stops("overlay", action), action.id
 
 
 def test_every_layer_on_only_the_overlay_stops_the_tampering(

@@ -3,6 +3,8 @@ real over every subset the runtime accepts, the probe applying what a reviewer a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from stockade.probe._runner import EXIT_AGREE, Report, probe, runnable
@@ -55,3 +57,33 @@ def test_the_overlay_build_check_and_the_not_run_subsets(overlay_report: Report)
     assert not runnable(("container", "overlay"))
     assert runnable(("files", "container", "overlay"))
     assert runnable(("files", "egress"))
+
+
+@pytest.fixture(scope="module")
+def gvisor_overlay_report(runsc: str) -> Iterator[Report]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STOCKADE_RUNSC", runsc)
+        yield probe("overlay", backend="gvisor", cost_repeat=0)
+
+
+def test_under_gvisor_the_overlay_runs_and_the_model_agrees(gvisor_overlay_report: Report) -> None:
+    """The overlay is mounted around runsc: the build check holds, the overlay is switched
+    in the subsets (none refused), and the model, which now counts it under gVisor,
+    agrees with every run."""
+    report = gvisor_overlay_report
+    assert report.build["overlay"].enforceable, report.build["overlay"].detail
+    assert "overlay" in report.switchable
+    assert any("overlay" in r.layers for r in report.runs)
+    agree, total = report.agreement
+    assert agree == total, [
+        (r.layers, c.action, c.detail) for r in report.runs for c in r.cells if not c.agree
+    ]
+    assert report.exit_code == EXIT_AGREE
+    # under gVisor the overlay needs no files layer (runtime/_overlay.refusal)
+    assert runnable(("container", "overlay"), "gvisor")
+    assert not runnable(("container", "overlay"))  # the twin: bubblewrap needs files too
+    for run in report.runs:
+        cells = {c.action: c for c in run.cells}
+        on = "overlay" in run.layers
+        assert cells["tamper-ci"].measured_through is not on, run.layers
+        assert cells["write-workspace"].measured_through, run.layers

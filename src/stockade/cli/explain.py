@@ -212,13 +212,13 @@ def analyse(policy: Any, backend: str | None = None) -> dict[str, Any]:
                 "(nor fall back to the host kernel)",
             }
         )
-    if fs.overlay and boundary.backend != "bubblewrap":
+    if fs.overlay and boundary.backend == "landlock":
         exceptions.append(
             {
                 "kind": f"overlay workspace under {boundary.backend}",
                 "value": "overlay",
-                "risk": "refused: stockade runs an overlay workspace on bubblewrap only "
-                "(exit 125, never a read-write workspace instead)",
+                "risk": "refused: stockade runs an overlay workspace on bubblewrap and gvisor "
+                "only (exit 125, never a read-write workspace instead)",
             }
         )
     ev = evaluate(boundary, residual_actions, layers.active())

@@ -26,7 +26,7 @@ inspect    TLS interception; method/path rules; credential binding; data scannin
            a secret sent to the wrong host, labelled data; read from the policy's
            network.rules, [secrets.NAME] and [labels].
 limits     rlimits and, where available, a cgroup. Stops fork/memory/disk bombs, hangs.
-overlay    a workspace in ``mode = "overlay"``: overlayfs (bubblewrap only), writes kept
+overlay    a workspace in ``mode = "overlay"``: overlayfs (bubblewrap and gvisor), writes kept
            in a layer in stockade's state until applied. Stops an unreviewed write
            reaching the real workspace (an action the reviewer does not approve), and
            at apply a protected path or a symlink leading out of the workspace.

@@ -63,8 +63,9 @@ limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every pro
 =========  ====================================================================
 
 The ``overlay`` layer acts only on a workspace in ``mode = "overlay"`` and only under
-``bubblewrap`` (the runtime refuses an overlay under ``gvisor`` and ``landlock``, and
-without the container or files layer: such a run never starts). A write to the
+``bubblewrap`` and ``gvisor`` (the runtime refuses an overlay under ``landlock``, and
+under bubblewrap without the container or files layer: such a run never starts; under
+gVisor the overlay is mounted host-side, around runsc, and needs neither). A write to the
 workspace then lands in the run's layer: it reaches the real workspace only when the
 person reviewing applies it (:attr:`~stockade.model.Action.approved`), and apply
 refuses a protected path and a symlink leading out of the workspace even then.
@@ -524,9 +525,10 @@ class Boundary:
 
     def _overlay(self, action: Action, route: Route | None = None) -> Reason | None:
         fs = self.policy.filesystem
-        if action.kind is not Kind.FILE_WRITE or not fs.overlay or self.backend != "bubblewrap":
-            # Under gvisor and landlock the runtime refuses an overlay workspace (exit
-            # 125): no run has one there, so the layer stops nothing a run can do.
+        if action.kind is not Kind.FILE_WRITE or not fs.overlay or self.backend == "landlock":
+            # Under landlock the runtime refuses an overlay workspace (exit 125): no run
+            # has one there, so the layer stops nothing a run can do. Under gvisor the
+            # same overlayfs layer is mounted around runsc (runtime/_overlay.py).
             return None
         ws = str(fs.workspace)
         path = action.file_path

@@ -7,9 +7,10 @@ force in this build (a namespace, a seccomp mode, a refused control read, a prox
 layer without evidence is reported as not enforceable and left out of the subsets, never
 assumed.
 
-The ``overlay`` layer needs the container and files layers (the runtime refuses an
-overlay workspace without them, :data:`REQUIRES`): the subsets that hold it without both
-are not run. After an overlay run the probe acts as the person reviewing: it applies the
+Under bubblewrap the ``overlay`` layer needs the container and files layers (the
+runtime refuses an overlay workspace without them, :data:`REQUIRES`): the subsets that
+hold it without both are not run. Under gVisor it needs the container alone (the overlay
+is mounted around runsc, not by the launcher under Landlock), so every subset runs. After an overlay run the probe acts as the person reviewing: it applies the
 changes of the actions marked ``approved`` with ``stockade apply``'s own function, then
 discards the layer, and only then judges what reached the host.
 
@@ -75,14 +76,26 @@ FIXED: dict[str, dict[str, str]] = {
 }
 
 
-#: A layer the runtime runs only beside others (it refuses it alone, fail closed).
+#: A layer the runtime runs only beside others (it refuses it alone, fail closed), under
+#: bubblewrap and landlock (runtime/_overlay.refusal).
 REQUIRES: dict[str, tuple[str, ...]] = {"overlay": ("container", "files")}
+#: The same, per backend where it differs: gVisor's overlay is mounted host-side, around
+#: runsc, and needs no files layer (its container is always on, :data:`FIXED`).
+REQUIRES_UNDER: dict[str, dict[str, tuple[str, ...]]] = {"gvisor": {"overlay": ("container",)}}
 
 
-def runnable(layers: Sequence[str]) -> bool:
-    """True when the runtime accepts ``layers`` together (see :data:`REQUIRES`)."""
+def requires(backend: str = "bubblewrap") -> dict[str, tuple[str, ...]]:
+    """The layers each layer needs beside it under ``backend``."""
+    return REQUIRES_UNDER.get(backend, REQUIRES)
+
+
+def runnable(layers: Sequence[str], backend: str = "bubblewrap") -> bool:
+    """True when the runtime accepts ``layers`` together under ``backend`` (see
+    :data:`REQUIRES`)."""
     return all(
-        all(need in layers for need in needs) for lay, needs in REQUIRES.items() if lay in layers
+        all(need in layers for need in needs)
+        for lay, needs in requires(backend).items()
+        if lay in layers
     )
 
 
@@ -278,6 +291,12 @@ def on_backend(scenario: scenarios.Scenario, backend: str) -> scenarios.Scenario
     return dataclasses.replace(scenario, policy=policy)
 
 
+def backend_of(scenario: scenarios.Scenario) -> str:
+    """The container's runtime ``scenario``'s runs use (``auto`` as bubblewrap)."""
+    backend = scenario.policy.container.backend
+    return backend if backend in BACKENDS else "bubblewrap"
+
+
 def _landlock_scopes() -> bool:
     from stockade.runtime import _host
 
@@ -362,7 +381,7 @@ def _overlay_check(
             policy,
             w.caller_env(scenario.env),
             [_python(), AGENT_NAME, PLAN_NAME],
-            canonical(("overlay", *REQUIRES["overlay"], *fixed)),
+            canonical(("overlay", *requires(backend_of(scenario))["overlay"], *fixed)),
             approve=(name,),
             on_layer=held,
         )
@@ -483,7 +502,7 @@ def capabilities(
     facts: dict[str, dict[str, Any] | str] = {}
     env = w.caller_env(scenario.env)
     for layer in LAYERS:
-        if layer in REQUIRES:
+        if layer in requires(backend_of(scenario)):
             continue  # never run alone: judged by its own check below
         try:
             code, out, _ = _run(
@@ -715,9 +734,10 @@ def _measure_cost(
         top, top_policy = counted, scenario.policy
         if layer == "overlay" and not fs.overlay:
             top, top_policy = layers, with_overlay
-        elif not runnable([x for x in counted if x != layer]):
+        elif not runnable([x for x in counted if x != layer], backend_of(scenario)):
             # A layer the overlay needs: measured with the overlay off on both sides.
-            top = tuple(x for x in counted if layer not in REQUIRES.get(x, ()))
+            needs = requires(backend_of(scenario))
+            top = tuple(x for x in counted if layer not in needs.get(x, ()))
         rest = [x for x in top if x != layer]
         with_layer: list[float] = []
         without: list[float] = []
@@ -739,7 +759,7 @@ def _backend_cost(
     """Start-up of ``true`` under each runtime with the same layers on (the container's
     among them: it is what the runtime builds); gvisor is None when runsc is not usable."""
     env = w.caller_env(scenario.env)
-    # The runtimes compared on the layers both run: gvisor and landlock refuse an overlay.
+    # The runtimes compared on the layers all three run: landlock refuses an overlay.
     active = canonical(("container", *(x for x in layers if x != "overlay")))
     out: dict[str, float | None] = {}
     for backend in BACKENDS:
@@ -822,7 +842,7 @@ def probe(
         )
         if all(build[lay].enforceable for lay in fixed):
             for subset in subsets(report.measured_layers):
-                if not runnable((*subset, *fixed)):
+                if not runnable((*subset, *fixed), backend):
                     continue  # the runtime refuses it (REQUIRES): nothing to measure
                 report.runs.append(
                     _run_subset(w, scenario, canonical((*subset, *fixed)), scopes, backend)
