@@ -1,6 +1,7 @@
 """Overlay runs under the gvisor backend, end to end: real runsc, a real overlayfs mounted
 host-side by the gVisor entry around runsc (``enforce/gvisor.ENTRY_SCRIPT``), as root and
-as uid 65534; review, apply, discard read the same layer format as under bubblewrap.
+as uid 65534; review, apply, discard, a Sandbox's checkpoints and a killed run's layer
+read the same layer format as under bubblewrap.
 
 Each "refused" test has its "works" twin beside it: the read-write gVisor workspace, the
 inside symlink applied, the plain workspace where a nested one is refused.
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -298,3 +301,100 @@ def test_an_overlay_the_kernel_refuses_fails_closed_with_its_reason(
     ok = run("--", "sh", "-c", inside)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout == "x\n"
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_gvisor_sandbox_shares_its_layer_with_checkpoints(
+    world: World, who: str, runsc: str
+) -> None:
+    """The runs of one overlay Sandbox on gVisor mount one layer in turn: checkpoint and
+    rollback round trips, as under bubblewrap (test_api.py's script, on gVisor)."""
+    from tests.workspace.test_api import CHECKPOINT_SCRIPT
+
+    ws = world.workspace
+    (ws / "a.txt").write_text("hello\n")
+    (ws / "gone.txt").write_text("gone\n")
+    policy = world.root / "gvisor.toml"
+    policy.write_text('[container]\nbackend = "gvisor"\n')
+    sandbox = "stockade.Sandbox(workspace=ws, overlay=True)"
+    assert sandbox in CHECKPOINT_SCRIPT
+    last = '    out["changes"] = [c.path for c in sb.changes()]\n'
+    assert last in CHECKPOINT_SCRIPT
+    script = CHECKPOINT_SCRIPT.replace(
+        sandbox, "stockade.Sandbox(sys.argv[2], workspace=ws, overlay=True)"
+    ).replace(
+        last,
+        last + '    out["kernel"] = sb.run(["cat", "/proc/version"], capture_output=True, '
+        "text=True).stdout\n",
+    )
+    cmd, env = _command(world, who, runsc)
+    python = cmd[:-2]  # [setpriv ...,] python
+    proc = subprocess.run(
+        [*python, "-c", script, str(ws), str(policy)],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["two"] == "two\nREADME\na.txt\nb\ngone.txt\n"
+    assert out["one"] == "one\nREADME\na.txt\nd\n"
+    assert out["one_again"] == out["one"]
+    assert out["empty"] == "hello\nREADME\na.txt\ngone.txt\n"
+    assert out["names"] == ["empty", "one"]
+    assert "Linux version 4.4.0" in out["kernel"]  # gVisor's Sentry, not the host kernel
+    assert (ws / "a.txt").read_text() == "hello\n"  # the real workspace never changed
+    assert (ws / "gone.txt").read_text() == "gone\n"
+    assert not (ws / "d").exists()
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_killed_gvisor_run_leaves_the_workspace_untouched_and_its_layer_listable(
+    world: World, who: str, runsc: str
+) -> None:
+    _populate(world.workspace)
+    before = _tree(world.workspace)
+    cmd, env = _command(world, who, runsc)
+    proc = subprocess.Popen(
+        [
+            *cmd,
+            "run",
+            "--backend",
+            "gvisor",
+            "--overlay",
+            "--",
+            "sh",
+            "-c",
+            "echo mine > a.txt; echo n > b.txt; sleep 60",
+        ],
+        cwd=world.workspace,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    layers = world.root / "state" / "stockade" / "layers"
+    deadline = time.monotonic() + 60
+    found: list[Path] = []
+    while time.monotonic() < deadline and not found:
+        found = list(layers.glob("*/upper/b.txt")) if layers.is_dir() else []
+        time.sleep(0.05)
+    assert found, "the run never wrote into its layer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    # The entry and runsc die with stockade (PDEATHSIG), and the overlay with their
+    # mount namespace; the next run removes the killed run's placeholders.
+    tidy = cli(world, who, runsc, "run", "--", "true")
+    assert tidy.returncode == 0, tidy.stderr
+    assert _tree(world.workspace) == before
+    run = found[0].parent.parent.name
+    listed = json.loads(cli(world, who, runsc, "changes", "--list", "--json").stdout)["layers"]
+    (row,) = [r for r in listed if r["run"] == run]
+    assert row["state"] == "interrupted"
+    assert set(changes_of(world, who, runsc, run)) == {"a.txt", "b.txt"}
+    # the twin: its changes still apply
+    out = cli(world, who, runsc, "apply", run)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (world.workspace / "a.txt").read_text() == "mine\n"
