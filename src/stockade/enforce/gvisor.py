@@ -635,11 +635,22 @@ def overlay():
         if sc(L(431), L(ctx), L(1 if value is not None else 0), S(key), S(value), L(0)) != 0:
             e = ctypes.get_errno()
             refuse("overlayfs refused %s=%s: %s (%s)" % (key.decode(), (value or b"").decode(errors="replace"), os.strerror(e), fs_log(ctx)))
-    # lowerdir+ (Linux 6.8+) takes one path as is; "lowerdir" splits its value at ':'.
-    if sc(L(431), L(ctx), L(1), S(b"lowerdir+"), S(ovl.encode()), L(0)) != 0:
-        fs_log(ctx)
+    # lowerdir+ (Linux 6.8+) takes one path as is. Before, "lowerdir" splits its value
+    # at ':', and before 6.5 every option is joined into one string split at ','. The
+    # release decides, not a failed try: before 6.5 any key is accepted until the end.
+    def lead(part):
+        digits = ""
+        for c in part:
+            if not c.isdigit():
+                break
+            digits += c
+        return int(digits or 0)
+    release = tuple(lead(part) for part in os.uname().release.split(".")[:2])
+    if release >= (6, 8):
+        config(b"lowerdir+", ovl.encode())
+    else:
         if any(c in ovl + layer for c in ",:\\"):
-            refuse("the workspace or layer path has ',', ':' or a backslash, which this kernel's overlayfs (before Linux 6.8) cannot take in a lower or upper directory")
+            refuse("the workspace or layer path has ',', ':' or a backslash, which overlayfs before Linux 6.8 cannot take in a lower or upper directory")
         config(b"lowerdir", ovl.encode())
     config(b"upperdir", (layer + "/upper").encode())
     config(b"workdir", (layer + "/work").encode())
