@@ -398,3 +398,40 @@ def test_a_killed_gvisor_run_leaves_the_workspace_untouched_and_its_layer_listab
     out = cli(world, who, runsc, "apply", run)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (world.workspace / "a.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_scratch_directory_inside_the_workspace_is_refused(
+    world: World, who: str, runsc: str
+) -> None:
+    """runsc's state lives in the run's scratch directory, reached by path from the
+    namespace where the workspace is an overlay: inside the workspace it would land in
+    the layer, so the run is refused with the fix, before anything starts."""
+    _populate(world.workspace)
+    inside = world.workspace / "tmp"
+    inside.mkdir()
+    if who == "nobody" and os.getuid() == 0:
+        subprocess.run(["chown", "65534:65534", str(inside)], check=True)
+    cmd, env = _command(world, who, runsc)
+
+    def run(tmpdir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cmd, "run", "--backend", "gvisor", "--overlay", "--", "sh", "-c", "echo x > a.txt"],
+            cwd=world.workspace,
+            env=dict(env, TMPDIR=str(tmpdir)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    refused = run(inside)
+    assert refused.returncode == 125, refused.stderr
+    assert "scratch directory" in refused.stderr
+    assert "set TMPDIR to a directory outside the workspace" in refused.stderr
+    assert (world.workspace / "a.txt").read_text() == "hello\n"
+    # the twin: with the scratch outside, the same run works (and keeps its write)
+    ok = run(world.root)
+    assert ok.returncode == 0, ok.stderr
+    assert "a.txt" in changes_of(world, who, runsc, run_id_of(ok))
+    assert (world.workspace / "a.txt").read_text() == "hello\n"

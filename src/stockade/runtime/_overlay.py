@@ -27,8 +27,11 @@ from stockade.workspace._apply import record_base
 from stockade.workspace._layer import Layer
 
 
-def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailable | None:
-    """Why this run cannot have an overlay workspace, or None when it can."""
+def refusal(
+    policy: Policy, *, gvisor: bool, launcher_binds: bool, scratch: Path | None = None
+) -> Unavailable | None:
+    """Why this run cannot have an overlay workspace, or None when it can (``scratch``:
+    the run's scratch directory)."""
     layers = policy.layers
     if policy.container.backend == "landlock":
         return Unavailable(
@@ -41,6 +44,16 @@ def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailabl
         # through runsc's binds of the merged view, so neither Landlock nor the
         # launcher's mount API is needed. gVisor's own overlays keep no layer a review
         # can read (docs/gvisor.md). What the kernel refuses there is named at start.
+        # runsc's state, bundle, log and pid file live in the scratch directory, reached
+        # by path from that namespace: under the workspace they would land in the layer
+        # (and the runtime, reading the host's files, would take a run for one that
+        # never started).
+        if scratch is not None and _inside(scratch, policy.filesystem.workspace):
+            return Unavailable(
+                f"an overlay workspace with the gVisor backend while the run's scratch "
+                f"directory ({scratch}) lies inside the workspace",
+                "set TMPDIR to a directory outside the workspace",
+            )
         return None
     if not layers.container:
         return Unavailable(
@@ -58,6 +71,13 @@ def refusal(policy: Policy, *, gvisor: bool, launcher_binds: bool) -> Unavailabl
             "upgrade the kernel, or run without --overlay",
         )
     return None
+
+
+def _inside(path: Path, top: Path) -> bool:
+    import os
+
+    real, root = os.path.realpath(path), os.path.realpath(top)
+    return real == root or real.startswith(root.rstrip("/") + "/")
 
 
 def begin(run_id: str, workspace: Path, existing: Layer | None = None) -> Layer:

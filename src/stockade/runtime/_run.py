@@ -241,7 +241,7 @@ def _execute(
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
             if plan.overlay:
                 overlay_layer = _begin_overlay(
-                    policy, container, runsc is not None, audit, request.overlay_layer
+                    policy, container, runsc is not None, audit, request.overlay_layer, plan.scratch
                 )
                 container = replace(container, overlay=overlay_layer.root)
             if fs.scratch:
@@ -490,13 +490,17 @@ def _begin_overlay(
     gvisor: bool,
     audit: AuditLog,
     existing: Any = None,
+    scratch: Path | None = None,
 ) -> Any:
     """Refuse (fail closed) or make (or reopen) the run's overlay layer; see
     :mod:`._overlay`."""
     from stockade.runtime import _overlay
 
     refused = _overlay.refusal(
-        policy, gvisor=gvisor, launcher_binds=plan.isolate and plan.launcher_binds
+        policy,
+        gvisor=gvisor,
+        launcher_binds=plan.isolate and plan.launcher_binds,
+        scratch=scratch,
     )
     if refused is not None:
         raise refused
