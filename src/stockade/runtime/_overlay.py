@@ -23,7 +23,6 @@ from pathlib import Path
 
 from stockade._exceptions import Unavailable
 from stockade.policy import Policy
-from stockade.workspace._apply import record_base
 from stockade.workspace._layer import Layer
 
 
@@ -105,6 +104,20 @@ def begin(run_id: str, workspace: Path, existing: Layer | None = None) -> Layer:
 
 def end(layer: Layer, returncode: int) -> None:
     """Record the base of every changed path and mark the layer finished."""
+    import os
+
+    try:
+        with os.scandir(layer.upper) as entries:
+            untouched = next(entries, None) is None
+    except OSError:
+        untouched = False
+    if untouched and not layer.base_path.exists():
+        # Nothing written and no base recorded before: record_base would write no base
+        # either. Its module (with hashlib, some 5 ms) stays unimported: start-up.
+        layer.update(state="finished", returncode=returncode)
+        return
+    from stockade.workspace._apply import record_base
+
     try:
         record_base(layer, state="finished", returncode=returncode)
     except BaseException:
