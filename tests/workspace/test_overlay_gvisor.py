@@ -29,6 +29,7 @@ WHO = ("root", "nobody")
 GVISOR_SCRIPT = f"{SCRIPT}; ln -s /etc/passwd out.lnk"
 
 _CHOWNED: set[Path] = set()
+_NOBODY_PYTHON: dict[Path, list[str]] = {}
 
 
 def _command(world: World, who: str, runsc: str) -> tuple[list[str], dict[str, str]]:
@@ -44,7 +45,11 @@ def _command(world: World, who: str, runsc: str) -> tuple[list[str], dict[str, s
         world.env["STOCKADE_RUNSC"] = runsc
         return list(world.command), dict(world.env)
     require(shutil.which("setpriv") is not None, "no setpriv")
-    python = nobody_gvisor(world, runsc)
+    if world.root not in _NOBODY_PYTHON:
+        # Once per world: a copy over a runsc that still runs (the runsc tree of a killed
+        # run dies by its parent-death signal, a moment later) fails with ETXTBSY.
+        _NOBODY_PYTHON[world.root] = nobody_gvisor(world, runsc)
+    python = _NOBODY_PYTHON[world.root]
     if world.root not in _CHOWNED:
         subprocess.run(["chown", "-R", "65534:65534", str(world.root)], check=True)
         _CHOWNED.add(world.root)
