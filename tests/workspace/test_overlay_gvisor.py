@@ -25,8 +25,10 @@ from tests.workspace.test_overlay import SCRIPT, _populate, _tree, run_id_of
 
 WHO = ("root", "nobody")
 
-#: the bubblewrap overlay test's script, plus a symlink leading out of the workspace
-GVISOR_SCRIPT = f"{SCRIPT}; ln -s /etc/passwd out.lnk"
+#: the bubblewrap overlay test's script, plus a symlink leading out of the workspace and
+#: a directory of the workspace removed and made again (an opaque directory: its
+#: user.overlay.opaque mark hides what the workspace held in it)
+GVISOR_SCRIPT = f"{SCRIPT}; ln -s /etc/passwd out.lnk; rm -r dir3; mkdir dir3; echo n > dir3/new"
 
 _CHOWNED: set[Path] = set()
 _NOBODY_PYTHON: dict[Path, list[str]] = {}
@@ -92,6 +94,9 @@ def test_gvisor_overlay_keeps_the_workspace_and_lists_every_change(
     world: World, who: str, runsc: str
 ) -> None:
     _populate(world.workspace)
+    (world.workspace / "dir3").mkdir()
+    (world.workspace / "dir3" / "old").write_text("old\n")
+    (world.workspace / "dir3" / "keep").write_text("keep\n")
     before = _tree(world.workspace)
     proc = cli(
         world, who, runsc, "run", "--overlay", "--", "sh", "-c", f"{GVISOR_SCRIPT}; cat a.txt dir2"
@@ -116,6 +121,9 @@ def test_gvisor_overlay_keeps_the_workspace_and_lists_every_change(
         "nd/sub": "added",
         "nd/sub/z.txt": "added",
         "blob.bin": "added",
+        "dir3/old": "deleted",
+        "dir3/keep": "deleted",
+        "dir3/new": "added",
     }
     assert changes["new.txt"]["old_path"] == "old.txt"
     assert changes["run.sh"]["mode"] == "0o755"
