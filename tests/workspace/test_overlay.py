@@ -556,3 +556,36 @@ def test_the_overlay_layer_switched_off_gives_a_read_write_workspace(world: Worl
     assert on.returncode == 0, on.stderr
     assert (world.workspace / "a.txt").read_text() == "off\n"
     assert "a.txt" in changes_of(world, "root" if os.getuid() == 0 else "nobody", run_id_of(on))
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_workspace_path_with_a_colon_or_a_comma_is_one_lower_layer(
+    world: World, who: str
+) -> None:
+    """overlayfs's "lowerdir" splits its value at ':' (a workspace /w:a,b would be the
+    lower layers /w and a,b): the launcher passes the path whole (lowerdir+, Linux 6.8+),
+    and refuses it by name on an older kernel."""
+    ws = world.root / "w:a,b"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hello\n")
+    proc = cli(
+        world,
+        who,
+        "run",
+        "--overlay",
+        "--workspace",
+        str(ws),
+        "--",
+        "sh",
+        "-c",
+        "cat a.txt; echo x > a.txt",
+    )
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if release < (6, 8):
+        assert proc.returncode == 125, proc.stderr
+        assert "',', ':' or a backslash" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "hello\n"  # the workspace itself is the lower layer
+    assert (ws / "a.txt").read_text() == "hello\n"
+    assert "a.txt" in changes_of(world, who, run_id_of(proc))

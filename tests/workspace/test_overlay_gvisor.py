@@ -448,3 +448,36 @@ def test_a_scratch_directory_inside_the_workspace_is_refused(
     assert ok.returncode == 0, ok.stderr
     assert "a.txt" in changes_of(world, who, runsc, run_id_of(ok))
     assert (world.workspace / "a.txt").read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_workspace_path_with_a_colon_or_a_comma_is_one_lower_layer(
+    world: World, who: str, runsc: str
+) -> None:
+    """The entry passes the workspace whole (lowerdir+ from Linux 6.8; before, such a path
+    is refused by name): never split into two lower layers at the ':'."""
+    ws = world.root / "w:a,b"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hello\n")
+    proc = cli(
+        world,
+        who,
+        runsc,
+        "run",
+        "--overlay",
+        "--workspace",
+        str(ws),
+        "--",
+        "sh",
+        "-c",
+        "cat a.txt; echo x > a.txt",
+    )
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if release < (6, 8):
+        assert proc.returncode == 125, proc.stderr
+        assert "',', ':' or a backslash" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "hello\n"
+    assert (ws / "a.txt").read_text() == "hello\n"
+    assert "a.txt" in changes_of(world, who, runsc, run_id_of(proc))

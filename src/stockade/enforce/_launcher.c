@@ -100,6 +100,7 @@
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #define EXIT_SETUP 125
@@ -881,11 +882,24 @@ static void mount_overlay(const char *target, const char *layer)
 	if (snprintf(upper, sizeof upper, "%s/upper", layer) >= (int)sizeof upper ||
 	    snprintf(work, sizeof work, "%s/work", layer) >= (int)sizeof work)
 		die("overlay layer path %.200s is too long", layer);
+	/* lowerdir+ (Linux 6.8+) takes one path as is. "lowerdir" splits its value at ':'
+	 * (a workspace /w/a:b would be the two lower layers /w/a and b), and before 6.5
+	 * every option is joined into one string split at ','. The release decides, not a
+	 * failed try: before 6.5 any key is accepted until the create. */
+	struct utsname un;
+	int major = 0, minor = 0;
+	if (uname(&un) == 0 && sscanf(un.release, "%d.%d", &major, &minor) != 2)
+		major = minor = 0;
+	int one_path = major > 6 || (major == 6 && minor >= 8);
+	if (!one_path && (strpbrk(target, ",:\\") || strpbrk(layer, ",:\\")))
+		die("overlay over %.200s refused: the workspace or layer path has ',', ':' or a backslash, which overlayfs before Linux 6.8 cannot take in a lower or upper directory; move it, or run without --overlay",
+		    target);
 	int ctx = (int)syscall(__NR_fsopen, "overlay", MT_FSOPEN_CLOEXEC);
 	if (ctx < 0)
 		die("fsopen(overlay) for the overlay workspace failed: %s; the kernel lacks overlayfs in user namespaces (Linux 5.11+, CONFIG_OVERLAY_FS), run without --overlay",
 		    errname(errno));
-	if (syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "lowerdir", target, 0) != 0 ||
+	if (syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, one_path ? "lowerdir+" : "lowerdir",
+		    target, 0) != 0 ||
 	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "upperdir", upper, 0) != 0 ||
 	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_STRING, "workdir", work, 0) != 0 ||
 	    syscall(__NR_fsconfig, ctx, MT_FSCONFIG_SET_FLAG, "userxattr", NULL, 0) != 0 ||
