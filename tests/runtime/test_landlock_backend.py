@@ -44,6 +44,79 @@ if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != errno.EPERM:
 os.execvp(sys.argv[1], sys.argv[1:])
 """
 
+#: as _RESTRICT, but the parent's filter allows pidfd_getfd (as a container profile
+#: with CAP_SYS_PTRACE does; Docker's and containerd's defaults refuse it without, and
+#: so does stockade's own filter, which _RESTRICT loads)
+_RESTRICT_PTRACE = _RESTRICT.replace("build_filter()", "build_filter(allow_ptrace=True)")
+
+#: run argv[3:] as _RESTRICT (argv[2] "ptrace": as _RESTRICT_PTRACE), under a parent
+#: that holds a seccomp listener of its own, as a container runtime using seccomp
+#: notification does (LXD, sysbox): it sends landlock_create_ruleset(NULL, 0,
+#: LANDLOCK_CREATE_RULESET_VERSION) to this parent, which answers argv[1]
+_RESTRICT_ABI = r"""
+import array, ctypes, errno, fcntl, os, select, socket, struct, sys
+from stockade.enforce import observe, seccomp
+abi, ptrace = int(sys.argv[1]), sys.argv[2] == "ptrace"
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+def load(bpf, flags):
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = Prog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    return libc.syscall(nr, 1, flags, ctypes.byref(prog))
+ins = lambda c, t, f, k: struct.pack("=HBBI", c, t, f, k)
+arch = seccomp.ARCHES[seccomp.native_arch()].audit_arch
+fake = b"".join([
+    ins(0x20, 0, 0, 4), ins(0x15, 1, 0, arch), ins(6, 0, 0, 0x7FFF0000),
+    ins(0x20, 0, 0, 0), ins(0x15, 0, 5, 444),  # landlock_create_ruleset
+    ins(0x20, 0, 0, 32), ins(0x15, 0, 3, 1),  # flags == VERSION
+    ins(0x20, 0, 0, 16), ins(0x15, 0, 1, 0),  # attr == NULL
+    ins(6, 0, 0, 0x7FC00000), ins(6, 0, 0, 0x7FFF0000),
+])
+host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+pid = os.fork()
+if pid == 0:
+    host.close()
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or load(seccomp.build_filter(allow_ptrace=ptrace), 0) != 0:
+        sys.exit("restrict: cannot load the filter")
+    if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != errno.EPERM:
+        sys.exit("restrict: unshare(CLONE_NEWUSER) still works")
+    listener = load(fake, 8)  # SECCOMP_FILTER_FLAG_NEW_LISTENER
+    if listener < 0:
+        sys.exit("restrict: cannot load the ABI filter")
+    child.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener]))])
+    os.close(listener)
+    child.close()
+    got = libc.syscall(444, None, 0, 1)
+    if got != abi:
+        sys.exit(f"restrict: Landlock ABI reported as {got}, not {abi}")
+    os.execvp(sys.argv[3], sys.argv[3:])
+child.close()
+_, anc, _, _ = host.recvmsg(1, socket.CMSG_SPACE(4))
+listener = array.array("i", anc[0][2][:4])[0]
+poller = select.poll()
+poller.register(listener, select.POLLIN)
+buf = bytearray(observe._NOTIF.size)
+while True:
+    mask = poller.poll()[0][1]
+    if mask & select.POLLIN:
+        buf[:] = bytes(len(buf))
+        try:
+            fcntl.ioctl(listener, observe._IOCTL_RECV, buf, True)
+            fcntl.ioctl(listener, observe._IOCTL_SEND, observe._RESP.pack(
+                observe._NOTIF.unpack(bytes(buf))[0], abi, 0, 0))
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.EINTR):
+                raise
+    elif mask & (select.POLLHUP | select.POLLERR):
+        break
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status) % 256)
+"""
+
 #: run inside: one JSON line of what got through
 _INSIDE = r"""
 import json, os, socket, sys, urllib.request
@@ -143,11 +216,27 @@ def _python_for(who: str) -> str:
 
 
 def restricted(
-    world: World, who: str, *args: str, timeout: float = 120
+    world: World,
+    who: str,
+    *args: str,
+    timeout: float = 120,
+    abi: int | None = None,
+    ptrace: bool = False,
+    listener_abi: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``stockade ARGS`` under a parent that refuses CLONE_NEWUSER, as ``who``."""
+    """``stockade ARGS`` under a parent that refuses CLONE_NEWUSER, as ``who``.
+
+    ``abi``: stockade told to use at most that Landlock ABI (``STOCKADE_LANDLOCK_ABI_MAX``);
+    ``ptrace``: the parent's filter allows pidfd_getfd; ``listener_abi``: the parent
+    holds a seccomp listener and reports that ABI to the tree."""
     python = _python_for(who)
-    command = [python, "-c", _RESTRICT, python, "-m", "stockade"]
+    cap = ["/usr/bin/env", f"STOCKADE_LANDLOCK_ABI_MAX={abi}"] if abi is not None else []
+    if listener_abi is not None:
+        mode = "ptrace" if ptrace else "noptrace"
+        script = [_RESTRICT_ABI, str(listener_abi), mode]
+    else:
+        script = [_RESTRICT_PTRACE if ptrace else _RESTRICT]
+    command = [*cap, python, "-c", *script, python, "-m", "stockade"]
     if who == "root":
         return subprocess.run(
             [*command, *args],
@@ -549,3 +638,128 @@ def test_landlock_cancel_kills_what_left_the_group(world: World, who: str) -> No
         assert left.stdout.strip() == "", left.stdout
     finally:
         subprocess.run(["pkill", "-KILL", "-f", tag], check=False)
+
+
+#: appended to _INSIDE under the connect guard: what it must still let through, and the
+#: race it must not lose
+_GUARD_EXTRA = r"""
+import ctypes, select, struct, threading
+os.chdir(os.environ["TMPDIR"])  # the workspace's top takes nothing new (split grant)
+srv = socket.socket(socket.AF_UNIX)
+srv.bind("guard.sock")
+srv.listen()
+c = socket.socket(socket.AF_UNIX)
+try:
+    c.connect("guard.sock")  # a relative path: resolved in the command's directory
+    out["unix_relative"] = "connected"
+except OSError as e:
+    out["unix_relative"] = e.errno
+c.close()
+srv.close()
+os.unlink("guard.sock")
+s = socket.socket()
+s.setblocking(False)
+first = s.connect_ex(("127.0.0.1", proxy_port))
+select.select([], [s], [], 5)
+out["nonblocking"] = [first, s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
+s.close()
+# Another thread rewrites the address between the proxy's and the server's while
+# connect() is pending: the guard must decide and connect on one copy.
+libc = ctypes.CDLL(None, use_errno=True)
+def sockaddr(p):
+    return struct.pack("=H", socket.AF_INET) + struct.pack("!H", p) + bytes([127, 0, 0, 1]) + bytes(8)
+good, bad = sockaddr(proxy_port), sockaddr(port)
+buf = ctypes.create_string_buffer(good, 16)
+stop = []
+def flip():
+    while not stop:
+        ctypes.memmove(buf, bad, 16)
+        ctypes.memmove(buf, good, 16)
+t = threading.Thread(target=flip)
+t.start()
+race = {}
+for _ in range(300):
+    k = socket.socket()
+    if libc.connect(k.fileno(), buf, 16) == 0:
+        key = "proxy" if k.getpeername()[1] == proxy_port else "leak"
+    else:
+        key = str(ctypes.get_errno())
+    race[key] = race.get(key, 0) + 1
+    k.close()
+stop.append(1)
+t.join()
+out["race"] = race
+"""
+
+
+def test_connect_guard_below_abi4_holds_egress(
+    world: World, who: str, server: tuple[int, list[str]]
+) -> None:
+    """Landlock reported as ABI 3 (no TCP rules): the connect guard carries the egress
+    layer. The proxy is reached; a direct connection to another port or host, UDP, raw
+    and packet sockets are refused; unlike Landlock's port rule, the guard checks the
+    address too. A unix socket and a non-blocking connect still work (the guard performs
+    them), and a thread rewriting the address during connect() never gets past it."""
+    port, paths = server
+    other = socket.socket()
+    other.bind(("127.0.0.2", 0))
+    other.listen()
+    other_port = other.getsockname()[1]
+    policy = _policy(
+        world, f'[network]\nallow = ["a.test:{port}"]\n[network.hosts]\n"a.test" = "127.0.0.1"\n'
+    )
+    script = _INSIDE.replace("print(json.dumps(out))", _GUARD_EXTRA + "print(json.dumps(out))")
+    (world.workspace / "inside.py").write_text(script)
+    try:
+        proc = restricted(
+            world,
+            who,
+            "run",
+            "--backend",
+            "landlock",
+            "--policy",
+            str(policy),
+            "--",
+            "/usr/bin/python3",
+            "inside.py",
+            str(port),
+            str(other_port),
+            abi=3,
+            ptrace=True,
+        )
+    finally:
+        other.close()
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["via_proxy"] == 200
+    assert paths == ["/via-proxy"]  # nothing direct reached the server
+    eacces, eperm, einprogress = 13, 1, 115
+    assert out["direct_same_port"] == eacces
+    assert out["direct_other_host"] == eacces
+    assert out["other_host_proxy_port"] == eacces  # the address, not only the port
+    assert (out["udp"], out["raw"], out["packet"], out["fastopen"]) == (eperm,) * 4
+    assert out["unix_relative"] == "connected"
+    assert out["nonblocking"] == [einprogress, 0]
+    race = out["race"]
+    assert "leak" not in race, race
+    # both addresses were seen at the moment of the check: the race was run
+    assert race.get("proxy", 0) > 0, race
+    assert race.get(str(eacces), 0) > 0, race
+
+
+def test_connect_guard_fails_closed_where_it_cannot_work(world: World, who: str) -> None:
+    """Below ABI 4 the guard is the egress layer: where it cannot be set up the run is
+    refused, 125, with the reason. A parent profile that refuses pidfd_getfd (Docker's
+    and containerd's defaults without CAP_SYS_PTRACE, stockade's own), and a parent that
+    holds a seccomp listener already (the kernel allows one per filter chain). The twin:
+    under the same parents, with the egress layer off (nothing to guard), it runs."""
+    landlock = ("run", "--backend", "landlock")
+    proc = restricted(world, who, *landlock, "--", "true", abi=3)
+    assert proc.returncode == 125, proc.stderr
+    assert "pidfd_getfd fails with EPERM" in proc.stderr
+    proc = restricted(world, who, *landlock, "--", "true", listener_abi=3, ptrace=True)
+    assert proc.returncode == 125, proc.stderr
+    assert "a parent already installed one (EBUSY" in proc.stderr
+    for kw in ({"abi": 3}, {"listener_abi": 3, "ptrace": True}):
+        proc = restricted(world, who, *landlock, "--disable", "egress", "--", "true", **kw)  # type: ignore[arg-type]
+        assert proc.returncode == 0, proc.stderr

@@ -66,6 +66,13 @@
  *   "P=N"               followed by N raw bytes: the observer's user-notification
  *                       filter, loaded last (after the verification) with
  *                       SECCOMP_FILTER_FLAG_NEW_LISTENER (enforce/observe.py)
+ *   "A=N"               use at most Landlock ABI N, even where the kernel has more
+ *                       (STOCKADE_LANDLOCK_ABI_MAX: it can only lower what is used)
+ *   "G=0|1"             the F/P filter is the landlock backend's connect guard below
+ *                       Landlock ABI 4 (enforce/netguard.py), not an observer: it is
+ *                       loaded so that a notified call waits killably only, and once
+ *                       the listener is handed over, connect(127.0.0.1:1) must be
+ *                       refused with EACCES by the host's supervisor
  *   "X=1"               exec CMD with exactly the "e" records as its environment,
  *                       not the launcher's own (which is then the host's fixed one:
  *                       the launcher runs on the host before Landlock when there is
@@ -246,6 +253,7 @@ struct spec {
 	int observer_fd;
 	const unsigned char *observer_bpf;
 	size_t observer_bpf_len;
+	int guard;
 	uint64_t connect_ports[64];
 	size_t n_connect;
 	struct { int resource; rlim_t value; } rlimits[9];
@@ -261,6 +269,8 @@ struct spec {
 };
 
 static int g_debug;
+/* A=N: the highest Landlock ABI to use (0: the kernel's) */
+static int g_abi_max;
 
 /* errno names, not strerror text: the message tells a user what to search for. */
 static const char *errname(int e)
@@ -410,6 +420,16 @@ static void parse_spec(char *buf, size_t len, struct spec *s)
 		}
 		case 'N': s->handle_net = parse_flag(v, "N"); break;
 		case 'R': s->reaper = parse_flag(v, "R"); break;
+		case 'G': s->guard = parse_flag(v, "G"); break;
+		case 'A': {
+			char *aend;
+			errno = 0;
+			long n = strtol(v, &aend, 10);
+			if (errno || *aend || n < 1 || n > 1000)
+				die("bad spec: Landlock ABI cap \"%.20s\" is not a number above 0", v);
+			g_abi_max = (int)n;
+			break;
+		}
 		case 'W': {
 			char *wend;
 			errno = 0;
@@ -613,6 +633,9 @@ static int landlock_abi(void)
 		die("landlock_create_ruleset(version) failed: %s; use --disable files to run without it",
 		    errname(errno));
 	}
+	/* Rights of a newer ABI are left unhandled below the cap, as on an older kernel. */
+	if (g_abi_max && abi > g_abi_max)
+		abi = g_abi_max;
 	return (int)abi;
 }
 
@@ -747,25 +770,48 @@ static void load_seccomp(const struct spec *s)
 #define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
 #endif
 
-/* The learn mode's observer (enforce/observe.py): load its user-notification filter,
- * hand the listener to the host over the observer socket and close both, so that the
- * command never holds the descriptor that answers for it. The host answers every
- * notification with CONTINUE: nothing is decided here, only seen. */
+#ifndef SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
+#define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
+#endif
+
+/* Load the user-notification filter of the F/P records, hand its listener to the host
+ * over the F socket and close both, so that the command never holds the descriptor
+ * that answers for it. For the learn mode's observer (enforce/observe.py) the host
+ * answers every notification with CONTINUE: nothing is decided there, only seen. For
+ * the connect guard (G=1, enforce/netguard.py) the host performs each connect() itself
+ * and answers with its result. */
 static void start_observer(const struct spec *s)
 {
+	const char *what = s->guard ? "the connect guard (Landlock ABI < 4)"
+				    : "the learn mode's observer";
 	struct sock_fprog prog;
 	prog.len = (unsigned short)(s->observer_bpf_len / sizeof(struct sock_filter));
 	struct sock_filter *insns = malloc(s->observer_bpf_len);
 	if (!insns)
-		die("loading the observer filter failed: ENOMEM; free memory");
+		die("loading the notification filter failed: ENOMEM; free memory");
 	memcpy(insns, s->observer_bpf, s->observer_bpf_len);
 	prog.filter = insns;
-	int fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
-			      SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
-	free(insns);
+	int fd = -1;
+	if (s->guard) {
+		/* Once the host has received a connect, a signal must not interrupt and
+		 * restart the call: the host may already have connected the socket, and the
+		 * restarted call would then fail with EISCONN (Linux 5.19+; older kernels
+		 * take the filter without it, at that cost). */
+		fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+				  SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
+				  &prog);
+		if (fd < 0 && errno == EINVAL)
+			debug("guard: no SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV, loading without it");
+	}
 	if (fd < 0)
-		die("the learn mode's observer needs seccomp user notification (Linux 5.5+): %s",
-		    errname(errno));
+		fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+				  SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+	free(insns);
+	if (fd < 0 && errno == EBUSY)
+		die("%s needs a seccomp listener of its own, and a parent already installed one (EBUSY: the kernel allows one per filter chain; a container runtime's seccomp notification, LXD's or sysbox's); run where Landlock has network rules (ABI 4, Linux 6.7) or user namespaces work",
+		    what);
+	if (fd < 0)
+		die("%s needs seccomp user notification (Linux 5.5+): %s", what, errname(errno));
 	char byte = 'L';
 	struct iovec iov = {&byte, 1};
 	union {
@@ -785,10 +831,31 @@ static void start_observer(const struct spec *s)
 	c->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(c), &fd, sizeof fd);
 	if (sendmsg(s->observer_fd, &msg, 0) != 1)
-		die("sending the observer's listener failed: %s", errname(errno));
+		die("sending the listener of %s failed: %s", what, errname(errno));
 	close(fd);
 	close(s->observer_fd);
-	debug("observer: listener handed to the host");
+	debug("%s: listener handed to the host", what);
+}
+
+/* G=1: the guard is what confines connect() now; verify it answers before exec. A
+ * connect to a loopback port that is not the proxy's must be refused with EACCES by the
+ * host's supervisor (which answers EPERM when it cannot inspect the call, and nothing at
+ * all, ENOSYS, once the listener is closed): without it the command must not run. */
+static void verify_guard(void)
+{
+	int sk = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (sk < 0)
+		die("verification failed: socket(AF_INET) gave %s; report a bug", errname(errno));
+	struct sockaddr_in sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons(1);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(sk, (struct sockaddr *)&sa, sizeof sa) == 0 || errno != EACCES)
+		die("verification failed: connect(127.0.0.1:1) was not refused by the connect guard (%s); it cannot confine the network here (stockade's message above says why)",
+		    errname(errno));
+	close(sk);
+	debug("verified: the connect guard refused 127.0.0.1:1 with EACCES");
 }
 
 static void close_inherited_fds(void)
@@ -1235,11 +1302,16 @@ int main(int argc, char **argv)
 	}
 	close(status_fd);
 
-	/* The learn mode's observer last, after the verification, so that it sees the
-	 * command's calls and none of the launcher's probes; stockade's filter is already
-	 * loaded (its ERRNO outranks USER_NOTIF whatever the order, enforce/observe.py). */
+	/* The learn mode's observer (or the connect guard) last, after the verification, so
+	 * that it sees the command's calls and none of the launcher's probes; stockade's
+	 * filter is already loaded (its ERRNO outranks USER_NOTIF whatever the order,
+	 * enforce/observe.py). The guard then verifies itself. */
+	if (s.guard && !(s.observer_bpf && s.observer_fd))
+		die("bad spec: the connect guard (G=1) needs its F and P records; rebuild the spec");
 	if (s.observer_bpf && s.observer_fd)
 		start_observer(&s);
+	if (s.guard)
+		verify_guard();
 
 	/* (f) */
 	close_inherited_fds();

@@ -109,6 +109,12 @@ class LauncherSpec:
     #: socket to hand the listener of ``observer_bpf`` (a user-notification filter) over
     observer_fd: int | None = None
     observer_bpf: bytes | None = None
+    #: the observer's fields carry the landlock backend's connect guard below Landlock
+    #: ABI 4 (:mod:`stockade.enforce.netguard`): the launcher loads it so that a notified
+    #: call waits killably, and verifies that it refuses a connect before exec
+    guard: bool = False
+    #: use at most this Landlock ABI (``STOCKADE_LANDLOCK_ABI_MAX``; None: the kernel's)
+    abi_max: int | None = None
 
 
 def serialize(spec: LauncherSpec) -> bytes:
@@ -177,12 +183,20 @@ def serialize(spec: LauncherSpec) -> bytes:
             out.append(rec("e", f"{name}={text}"))
     if (spec.observer_fd is None) != (spec.observer_bpf is None):
         raise ValueError("launcher spec: an observer needs both its fd and its program")
+    if spec.abi_max is not None:
+        if spec.abi_max < 1:
+            raise ValueError(f"launcher spec: Landlock ABI cap {spec.abi_max} is not above 0")
+        out.append(rec("A", str(spec.abi_max)))
+    if spec.guard and spec.observer_fd is None:
+        raise ValueError("launcher spec: the connect guard needs an observer fd and program")
     if spec.observer_fd is not None and spec.observer_bpf is not None:
         if spec.observer_fd < 3:
             raise ValueError(f"launcher spec: observer fd {spec.observer_fd} is not above 2")
         n = len(spec.observer_bpf)
         if n == 0 or n % _BPF_INSN_SIZE or n // _BPF_INSN_SIZE > _MAX_BPF_INSNS:
             raise ValueError(f"launcher spec: observer program of {n} bytes is not 1..4096 insns")
+        if spec.guard:
+            out.append(rec("G", "1"))
         out.append(rec("F", str(spec.observer_fd)))
         out.append(rec("P", str(n)))
         out.append(spec.observer_bpf)

@@ -108,8 +108,15 @@ def build_filter(arch: str | None = None) -> bytes:
     native architecture, ``ALLOW`` for everything else (stockade's own filter, loaded
     after it, refuses foreign architectures and the dangerous calls)."""
     arch = arch or native_arch()
+    return notify_program(arch, sorted(_numbers(arch)))
+
+
+def notify_program(arch: str, numbers: list[int]) -> bytes:
+    """A classic-BPF program that answers ``USER_NOTIF`` for the system calls
+    ``numbers`` of ``arch`` and ``ALLOW`` for every other call (another architecture's
+    too: stockade's own filter refuses those). Shared by the observer and the landlock
+    backend's connect guard (:mod:`stockade.enforce.netguard`)."""
     spec = ARCHES[arch]
-    numbers = sorted(_numbers(arch))
 
     def insn(code: int, jt: int, jf: int, k: int) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -123,6 +130,28 @@ def build_filter(arch: str | None = None) -> bytes:
     out.append(insn(_RET_K, 0, 0, _RET_ALLOW))
     out.append(insn(_RET_K, 0, 0, _RET_USER_NOTIF))
     return b"".join(out)
+
+
+def receive_listener(host: socket.socket, stop: threading.Event) -> tuple[int | None, str | None]:
+    """Wait on ``host`` for the listener descriptor the launcher sends (``F`` record),
+    until ``stop`` is set: ``(fd, None)``, or ``(None, why)`` when none came."""
+    fds = array.array("i")
+    while not stop.is_set():
+        ready, _, _ = select.select([host], [], [], 0.1)
+        if not ready:
+            continue
+        try:
+            _, ancdata, _, _ = host.recvmsg(1, socket.CMSG_SPACE(fds.itemsize))
+        except OSError as exc:
+            return None, f"receiving the listener: {exc}"
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        # more than one descriptor is not the launcher's message: keep none of them
+        for extra in fds[1:]:
+            os.close(extra)
+        return (fds[0], None) if fds else (None, "no listener in the launcher's message")
+    return None, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,21 +248,10 @@ class SyscallObserver:
 
     def _receive(self) -> int | None:
         """Wait for the launcher's listener descriptor (or the end of the run)."""
-        fds = array.array("i")
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self._host], [], [], 0.1)
-            if not ready:
-                continue
-            try:
-                _, ancdata, _, _ = self._host.recvmsg(1, socket.CMSG_SPACE(fds.itemsize))
-            except OSError as exc:
-                self.error = f"observer: receiving the listener: {exc}"
-                return None
-            for level, kind, data in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            return fds[0] if fds else None
-        return None
+        fd, why = receive_listener(self._host, self._stop)
+        if why is not None:
+            self.error = f"observer: {why}"
+        return fd
 
     def _handle(self, raw: bytes) -> int:
         notif_id, pid, _flags, nr, _arch, _ip, *args = _NOTIF.unpack(raw)

@@ -374,6 +374,7 @@ def build_filter(
     arch: str | None = None,
     no_netns: bool = False,
     net_only: bool = False,
+    guard: bool = False,
 ) -> bytes:
     """Build the syscalls-layer seccomp program for ``arch`` (default: this machine).
 
@@ -410,9 +411,14 @@ def build_filter(
         # x32 syscalls are native numbers | 0x40000000; none of them may pass.
         prog += [_insn(_BPF_JMP_JGE_K, 0, 1, _X32_SYSCALL_BIT), kill]
 
+    if guard and not no_netns:
+        raise ValueError("seccomp filter: guard needs no_netns")
     if net_only:
         if not no_netns:
             raise ValueError("seccomp filter: net_only needs no_netns")
+        if guard:
+            for syscall_name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
+                prog += _block(spec.nr[syscall_name], [deny])
         prog += _net_rules(spec, deny, allow)
         prog.append(allow)
         return b"".join(prog)

@@ -14,14 +14,18 @@ apply to itself:
   ``.git``). stockade's own trust roots (configuration, state, cache, data, its code:
   :func:`stockade._roots.trust_roots`) are split out the same way when a writable root
   holds them, and the interception CA's directory out of every read grant.
-* ``egress``: Landlock's TCP connect rule (ABI 4, Linux 6.7; refused to start below it:
-  fail closed) lets ``connect()`` reach the proxy's port only, and the seccomp filter
+* ``egress``: Landlock's TCP connect rule (ABI 4, Linux 6.7) lets ``connect()`` reach
+  the proxy's port only; below ABI 4 the connect guard does instead
+  (:mod:`stockade.enforce.netguard`: seccomp user notification, stockade performing
+  each ``connect()`` on the command's behalf, to the proxy's address alone; io_uring
+  refused; exit 125 when it cannot be set up), and the seccomp filter
   (``no_netns``) refuses every inet socket but TCP (no UDP, raw, ICMP, SCTP or MPTCP)
   and ``MSG_FASTOPEN`` (a connect without ``connect()``). The proxy listens on a
   loopback port of the host; clients reach it through the proxy variables. There is no
   namespace in which to capture a client that ignores them: it gets EACCES. The
   connect rule names a port, not an address: a server on another host listening on the
-  proxy's port (random per run) is reachable directly, which the model says.
+  proxy's port (random per run) is reachable directly, which the model says (the guard
+  checks the address too).
 * ``container``: the launcher stays the command's parent as a child subreaper and kills
   what is left of the tree when the command ends; stockade kills the tree on timeout
   (:func:`kill_descendants`). There is no PID, mount, IPC or UTS namespace: host
@@ -54,12 +58,14 @@ if TYPE_CHECKING:
     from stockade.runtime._placeholders import Claim
 
 __all__ = [
+    "ABI_MAX_ENV",
     "FALLBACK_HINT",
     "MIN_NET_ABI",
     "LandlockRun",
     "choose_backend",
     "for_landlock",
     "kill_descendants",
+    "needs_guard",
     "open_proxy_listener",
     "require",
     "write_grants",
@@ -95,27 +101,73 @@ DEVICES: tuple[str, ...] = (
 )
 
 
+#: the highest Landlock ABI the landlock backend may use, read from stockade's own
+#: environment on the host (never the command's, never a policy's): it can only lower
+#: what the kernel offers, to run as on an older kernel (the tests of the connect guard
+#: use it on a kernel with ABI 7). docs/landlock-backend.md documents it.
+ABI_MAX_ENV = "STOCKADE_LANDLOCK_ABI_MAX"
+
+
+def abi_cap() -> int | None:
+    """The cap of :data:`ABI_MAX_ENV`, None when unset.
+
+    Raises:
+        Unavailable: it is set to something other than a number above 0.
+    """
+    text = os.environ.get(ABI_MAX_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise Unavailable(
+            f"a Landlock ABI cap: {ABI_MAX_ENV}={text!r} is not a number above 0",
+            f"unset {ABI_MAX_ENV}, or give the highest ABI to use (1..)",
+        )
+    return value
+
+
+def usable_abi() -> int:
+    """The Landlock ABI the landlock backend uses: the kernel's, lowered to the cap."""
+    from stockade.runtime import _host
+
+    abi = _host.landlock_abi()
+    cap = abi_cap()
+    return abi if cap is None else min(abi, cap)
+
+
+def needs_guard(*, egress: bool) -> bool:
+    """Whether the egress layer needs the connect guard here: Landlock lacks TCP rules."""
+    return egress and usable_abi() < MIN_NET_ABI
+
+
 def require(*, files: bool, egress: bool) -> None:
     """Refuse a landlock run this kernel cannot confine (fail closed).
 
     Raises:
-        Unavailable: no Landlock at all while a layer needs it, or no network rules
-            (ABI < 4) while the egress layer is on.
+        Unavailable: no Landlock at all while a layer needs it, or, while the egress
+            layer is on, neither network rules (ABI < 4) nor what the connect guard
+            that replaces them needs (seccomp user notification, ``pidfd_getfd``).
     """
-    from stockade.runtime import _host
-
-    abi = _host.landlock_abi()
+    abi = usable_abi()
     if (files or egress) and abi < 1:
         raise Unavailable(
             "Landlock (the landlock backend has nothing else to confine files and network)",
             "use a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and landlock in lsm=",
         )
     if egress and abi < MIN_NET_ABI:
-        raise Unavailable(
-            f"Landlock network rules (ABI {MIN_NET_ABI}, Linux 6.7; this kernel has ABI {abi}): "
-            "without a network namespace they are what keeps connections to the proxy",
-            "upgrade the kernel, or use the bubblewrap backend where user namespaces work",
-        )
+        from stockade.enforce import netguard
+
+        ok, why = netguard.available()
+        if not ok:
+            raise Unavailable(
+                f"Landlock network rules (ABI {MIN_NET_ABI}, Linux 6.7; this kernel has ABI "
+                f"{abi}) or the connect guard that replaces them ({why}): without a network "
+                "namespace one of them must keep connections to the proxy",
+                "upgrade the kernel, or use the bubblewrap backend where user namespaces work",
+            )
 
 
 def _within(path: Path, root: Path) -> bool:
@@ -312,15 +364,19 @@ def launcher_extras(
     proxy_port: int | None,
     write: Sequence[str],
     read: Sequence[str],
+    guard: bool = False,
 ) -> dict[str, object]:
     """The :class:`~stockade.enforce.launcher.LauncherSpec` fields of a landlock run.
 
     With the files layer off, Landlock still carries the network rule (the egress
     layer's), with ``/`` granted whole: the files layer's grants are then not applied.
+    With ``guard`` (ABI < 4) the connect guard carries the network rule instead, and
+    the Landlock domain remains for its ptrace restriction.
     """
+    net = egress and not guard
     out: dict[str, object] = {
-        "handle_net": egress,
-        "connect_ports": (proxy_port,) if egress and proxy_port else (),
+        "handle_net": net,
+        "connect_ports": (proxy_port,) if net and proxy_port else (),
         "reaper": container,
         "landlock": files or egress,
     }
@@ -397,11 +453,17 @@ class LandlockRun:
         self.read: tuple[str, ...] = ()
         self.masked: tuple[str, ...] = ()
         self.env: dict[str, str] | None = None
+        #: the connect guard (Landlock ABI < 4, the egress layer on), else None
+        self.guard: Any = None
         if egress_plan is not None:
             from stockade.egress import proxy_environment
 
             self.listener = open_proxy_listener()
             self.port = int(self.listener.getsockname()[1])
+            if needs_guard(egress=layers.egress):
+                from stockade.enforce.netguard import ConnectGuard
+
+                self.guard = ConnectGuard((("127.0.0.1", self.port),))
             self.env = {
                 **egress_plan.env,
                 **proxy_environment(f"http://127.0.0.1:{self.port}"),
@@ -414,10 +476,15 @@ class LandlockRun:
             detail="landlock backend: no namespaces (host processes visible, named host unix "
             "sockets reachable, HOME and TMPDIR are scratch directories); "
             + (
-                f"egress: connect() only to the proxy's port {self.port} (Landlock), TCP only "
+                "egress off: the host's network"
+                if not layers.egress
+                else f"egress: connect() only to the proxy at 127.0.0.1:{self.port} (the "
+                "connect guard: Landlock has no network rules below ABI 4, stockade performs "
+                "each connect() itself), TCP only and no io_uring (seccomp), no transparent "
+                "capture"
+                if self.guard is not None
+                else f"egress: connect() only to the proxy's port {self.port} (Landlock), TCP only "
                 "(seccomp), no transparent capture"
-                if layers.egress
-                else "egress off: the host's network"
             ),
         )
 
@@ -472,6 +539,7 @@ class LandlockRun:
             # is stockade's (the trust bundle the proxy's clients are given).
             write=(*self.write, str(scratch / "home"), str(scratch / "tmp"), *DEVICES),
             read=(),
+            guard=self.guard is not None,
         )
         if layers.files:
             from stockade.policy._tables import SYSTEM_SECRETS
@@ -483,9 +551,20 @@ class LandlockRun:
             extras["read_paths"], extras["list_paths"] = read, listed
         bpf = None
         if layers.syscalls or layers.egress:
-            bpf = seccomp.build_filter(no_netns=layers.egress, net_only=not layers.syscalls)
+            bpf = seccomp.build_filter(
+                no_netns=layers.egress,
+                net_only=not layers.syscalls,
+                guard=self.guard is not None,
+            )
+        if self.guard is not None:
+            extras["observer_fd"] = self.guard.child_fd
+            extras["observer_bpf"] = self.guard.program
+            extras["guard"] = True
+        # Scopes came with ABI 6: below it (or the cap) the model says what is lost.
+        extras["scope"] = bool(extras.get("scope", spec.scope)) and usable_abi() >= 6
         return replace(
             spec,
+            abi_max=abi_cap(),
             hold_fd=self.hold_r if self.hold_r >= 0 else None,
             seccomp_bpf=bpf,
             seccomp_expected=bpf is not None,
@@ -497,8 +576,9 @@ class LandlockRun:
         )
 
     def child_fds(self) -> tuple[int, ...]:
-        """The pipe end the launcher inherits (its hold), if any."""
-        return (self.hold_r,) if self.hold_r >= 0 else ()
+        """The descriptors the launcher inherits: its hold and the guard's socket."""
+        fds = (self.hold_r,) if self.hold_r >= 0 else ()
+        return fds + ((self.guard.child_fd,) if self.guard is not None else ())
 
     def paused(self) -> float:
         """Seconds the command's wall clock stood still for asks (see RunGate)."""
@@ -529,7 +609,10 @@ class LandlockRun:
         self.hold_w = -1
 
     def start(self, argv: Sequence[str]) -> None:
-        """Serve the proxy on the host listener (before the command starts)."""
+        """Serve the proxy on the host listener and start the connect guard's
+        supervisor (before the command starts)."""
+        if self.guard is not None:
+            self.guard.start()
         if self.listener is None or self.egress_plan is None:
             return
         self.proxy = self.egress_plan.proxy(self.audit, argv)
@@ -545,6 +628,8 @@ class LandlockRun:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.hold_r = self.hold_w = -1
+        if self.guard is not None:
+            self._close_guard()
         if self.cgroup is not None:
             if self.cgroup.oom_killed():
                 from stockade.policy import Decision, Reason
@@ -563,6 +648,26 @@ class LandlockRun:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+
+    def _close_guard(self) -> None:
+        """Stop the connect guard and log what it did (and why it failed, if it did)."""
+        guard, self.guard = self.guard, None
+        guard.stop()
+        if guard.error is not None:
+            import sys
+
+            # The launcher's verification names the guard; this says why it failed.
+            print(f"stockade: {guard.error}", file=sys.stderr)
+        self.audit.emit(
+            "layer_note",
+            layer="egress",
+            verdict="report",
+            reason="unsupported-protocol",
+            detail=f"connect guard: {guard.performed} connect() performed for the command, "
+            f"{guard.refused} refused"
+            + (f" ({', '.join(guard.examples)})" if guard.examples else "")
+            + (f"; {guard.error}" if guard.error else ""),
+        )
 
 
 def _sysctl(path: str) -> str | None:

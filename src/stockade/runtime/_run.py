@@ -540,6 +540,12 @@ def _launcher(
     if ll is not None:
         spec = ll.launcher_spec(spec, scratch.path)
     if observer is not None:
+        if spec.guard:
+            # One user-notification listener per launcher: the guard's decides.
+            raise Unavailable(
+                "learn mode's observer beside the connect guard (Landlock ABI < 4)",
+                "learn with the bubblewrap backend, or on a kernel with Landlock ABI 4",
+            )
         spec = replace(spec, observer_fd=observer.child_fd, observer_bpf=observer.program)
     return launcher.prepare(spec)
 
