@@ -362,14 +362,24 @@ def landlock_checks(userns_ok: bool) -> list[dict[str, object]]:
             "layers": ["container", "egress"],
         }
     )
-    abi = _host.landlock_abi()
-    usable = abi >= _landlock.MIN_NET_ABI
+    abi = _landlock.usable_abi()
     lost = [*landlock_losses(), *LANDLOCK_UNMODELLED]
-    detail = (
-        f"usable (Landlock ABI {abi}, network rules)"
-        if usable
-        else f"not usable: Landlock ABI {abi}, network rules need ABI {_landlock.MIN_NET_ABI}"
-    )
+    if abi >= _landlock.MIN_NET_ABI:
+        usable, detail = True, f"usable (Landlock ABI {abi}, network rules)"
+    elif abi < 1:
+        usable, detail = False, "not usable: no Landlock"
+    else:
+        from stockade.enforce import netguard
+
+        guard, why = netguard.available()
+        usable = guard
+        detail = (
+            f"usable (Landlock ABI {abi}, no network rules: the connect guard, "
+            f"{netguard.MECHANISM})"
+            if guard
+            else f"not usable: Landlock ABI {abi} has no network rules (ABI "
+            f"{_landlock.MIN_NET_ABI}) and the connect guard cannot work ({why})"
+        )
     out.append(
         {
             "name": "landlock backend",
@@ -382,7 +392,8 @@ def landlock_checks(userns_ok: bool) -> list[dict[str, object]]:
                 "fallback: stockade run --backend landlock, or [container] backend = "
                 '"auto" with allow_degraded = true (docs/security-model.md)'
                 if usable
-                else "no fallback on this kernel: upgrade to Linux 6.7+ (Landlock ABI 4)"
+                else "no fallback on this kernel: upgrade to Linux 6.7+ (Landlock ABI 4), or "
+                "allow pidfd_getfd in the container's seccomp profile (the connect guard)"
             ),
             "layers": ["files", "egress", "container"],
             "loses": lost,

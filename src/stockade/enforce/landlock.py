@@ -57,7 +57,8 @@ ABI_FEATURES: tuple[AbiFeature, ...] = (
         4,
         "6.7",
         "network: bind/connect TCP by port",
-        "not used: the network namespace and the proxy confine the network",
+        "the landlock backend (no network namespace): connect() only to the proxy's "
+        "port; below it, the connect guard (seccomp user notification) instead",
     ),
     AbiFeature(
         5,

@@ -54,8 +54,10 @@ container  only the reaper: the launcher, a child subreaper, kills what the comm
            ``--disable-userns`` (seccomp alone refuses a user namespace), no IPC
            namespace (the host's System V IPC objects are the run's too)
 syscalls   the same seccomp filter
-egress     Landlock's TCP connect rule (the proxy's port only) and seccomp (inet
-           sockets are TCP alone): a direct connection or a UDP DNS query is refused;
+egress     Landlock's TCP connect rule (the proxy's port only; below ABI 4 the
+           connect guard, seccomp user notification, which checks the proxy's
+           address too and refuses io_uring) and seccomp (inet sockets are TCP
+           alone): a direct connection or a UDP DNS query is refused;
            abstract unix sockets are the host's (only Landlock's scope, files, stops
            them); its Landlock domain brings the ptrace restriction too
 limits     rlimits without ``RLIMIT_NPROC`` (it would count the user's every process):
