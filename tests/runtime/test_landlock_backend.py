@@ -763,3 +763,37 @@ def test_connect_guard_fails_closed_where_it_cannot_work(world: World, who: str)
     for kw in ({"abi": 3}, {"listener_abi": 3, "ptrace": True}):
         proc = restricted(world, who, *landlock, "--disable", "egress", "--", "true", **kw)  # type: ignore[arg-type]
         assert proc.returncode == 0, proc.stderr
+
+
+def test_landlock_missing_protected_paths_need_no_placeholders(world: World, who: str) -> None:
+    """A fresh workspace (no .git, .envrc, .vscode, .claude): Landlock keeps the missing
+    protected names from being created without a placeholder for each (the directory
+    holding them is split, so nothing new is made in it), and the run leaves the
+    workspace as it found it, inside and after. The twin: a subdirectory is writable."""
+    ws = world.workspace
+    (ws / "src").mkdir()
+    before = sorted(os.listdir(ws))
+    script = (
+        'r() { if eval "$1" 2>/dev/null; then echo "$2 done"; else echo "$2 blocked"; fi; }; '
+        "r 'mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit' git; "
+        "r 'echo evil > .envrc' envrc; "
+        "r 'mkdir -p .vscode && echo {} > .vscode/settings.json' vscode; "
+        "r 'mkdir -p .claude && echo {} > .claude/settings.json' claude; "
+        "r 'echo ok > src/new' write-subdir; "
+        'echo "seen $(ls -A | tr "\\n" " ")"'
+    )
+    proc = restricted(world, who, "run", "--backend", "landlock", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    got = dict(line.rsplit(" ", 1) for line in lines if not line.startswith("seen "))
+    assert got == {
+        "git": "blocked",
+        "envrc": "blocked",
+        "vscode": "blocked",
+        "claude": "blocked",
+        "write-subdir": "done",
+    }
+    seen = next(line for line in lines if line.startswith("seen ")).split()[1:]
+    assert sorted(seen) == before  # no placeholder inside the run
+    assert sorted(os.listdir(ws)) == before  # nor after it
+    assert (ws / "src" / "new").read_text() == "ok\n"

@@ -503,7 +503,11 @@ class LandlockRun:
         #: held out of every read grant too (the CA's private key)
         self.masked = tuple(str(r.path) for r in roots if r.mode == "mask")
         claim = Claim(default_audit_dir().parent, workspace, self.audit.run_id)
-        protection = claim.protect(workspace, fs.protect, writable=fs.write)
+        # Listed, never made: bubblewrap needs a placeholder to bind over a protected
+        # path that does not exist, Landlock does not. A missing path kept out of the
+        # grant splits its directory, where then nothing new can be created, so the
+        # path cannot appear; and the run makes and removes no file in the workspace.
+        protection = claim.protect(workspace, fs.protect, defer=True, writable=fs.write)
         try:
             write, read, split = write_grants(
                 (workspace, *fs.write), (*protection.existing, *(r.path for r in roots))
