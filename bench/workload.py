@@ -12,7 +12,9 @@ bubblewrap cannot run).
 Each sandboxed series also records the peak memory of the sandbox: the summed RSS of every
 process under ``stockade run`` (bubblewrap, or runsc, its Sentry and gofer, with the test
 suite in them), sampled every 50 ms (shared pages counted once per process). The last line
-is one JSON object with the mean times and the slowdown ratios. Target (bubblewrap): <= 1.05.
+is one JSON object with the mean times, the slowdown ratios and the load average at the
+start and the end (the machine's load decides absolute times; the ratios hold for one
+run). Target (bubblewrap): <= 1.05.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def _mean(values: list[float]) -> float:
 
 def main() -> int:
     stockade = str(Path(sys.executable).with_name("stockade"))
+    load = [round(os.getloadavg()[0], 1)]
     with tempfile.TemporaryDirectory(prefix="stockade-workload-") as tmp:
         ws = Path(tmp) / "ws"
         ws.mkdir()
@@ -157,9 +160,11 @@ def main() -> int:
                 gvisor_env = dict(env, STOCKADE_RUNSC=runsc)
                 argv = [*run, "--backend", "gvisor", "--", *suite]
                 gvisor.append(timed(argv, src, gvisor_env, gvisor_kib))
+    load.append(round(os.getloadavg()[0], 1))
     result: dict[str, object] = {
         "package": PACKAGE,
         "rounds": ROUNDS,
+        "load": load,
         "bare_s": _mean(bare),
         "stockade_s": _mean(boxed),
         "slowdown": round(statistics.fmean(boxed) / statistics.fmean(bare), 3),

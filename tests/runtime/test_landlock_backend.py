@@ -49,6 +49,26 @@ os.execvp(sys.argv[1], sys.argv[1:])
 #: so does stockade's own filter, which _RESTRICT loads)
 _RESTRICT_PTRACE = _RESTRICT.replace("build_filter()", "build_filter(allow_ptrace=True)")
 
+#: as _RESTRICT_PTRACE, but the parent's filter refuses user namespaces alone (unshare,
+#: clone with CLONE_NEWUSER, clone3, whose flags no filter can read), as a minimal
+#: container profile would: what stockade's own filter refuses is then stockade's doing
+_RESTRICT_MINIMAL = _RESTRICT.replace(
+    "bpf = seccomp.build_filter()",
+    """import struct
+ins = lambda c, t, f, k: struct.pack("=HBBI", c, t, f, k)
+arch = seccomp.ARCHES[seccomp.native_arch()]
+nr_of = arch.nr
+bpf = b"".join([
+    ins(0x20, 0, 0, 4), ins(0x15, 1, 0, arch.audit_arch), ins(6, 0, 0, 0x80000000),
+    ins(0x20, 0, 0, 0),
+    ins(0x15, 0, 1, nr_of["unshare"]), ins(6, 0, 0, 0x50001),
+    ins(0x15, 0, 1, nr_of["clone3"]), ins(6, 0, 0, 0x50026),
+    ins(0x15, 0, 3, nr_of["clone"]), ins(0x20, 0, 0, 16), ins(0x45, 0, 1, 0x10000000),
+    ins(6, 0, 0, 0x50001),
+    ins(6, 0, 0, 0x7FFF0000),
+])""",
+)
+
 #: run argv[3:] as _RESTRICT (argv[2] "ptrace": as _RESTRICT_PTRACE), under a parent
 #: that holds a seccomp listener of its own, as a container runtime using seccomp
 #: notification does (LXD, sysbox): it sends landlock_create_ruleset(NULL, 0,
@@ -223,17 +243,21 @@ def restricted(
     abi: int | None = None,
     ptrace: bool = False,
     listener_abi: int | None = None,
+    minimal: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``stockade ARGS`` under a parent that refuses CLONE_NEWUSER, as ``who``.
 
     ``abi``: stockade told to use at most that Landlock ABI (``STOCKADE_LANDLOCK_ABI_MAX``);
-    ``ptrace``: the parent's filter allows pidfd_getfd; ``listener_abi``: the parent
-    holds a seccomp listener and reports that ABI to the tree."""
+    ``ptrace``: the parent's filter allows pidfd_getfd; ``minimal``: it refuses user
+    namespaces alone; ``listener_abi``: the parent holds a seccomp listener and reports
+    that ABI to the tree."""
     python = _python_for(who)
     cap = ["/usr/bin/env", f"STOCKADE_LANDLOCK_ABI_MAX={abi}"] if abi is not None else []
     if listener_abi is not None:
         mode = "ptrace" if ptrace else "noptrace"
         script = [_RESTRICT_ABI, str(listener_abi), mode]
+    elif minimal:
+        script = [_RESTRICT_MINIMAL]
     else:
         script = [_RESTRICT_PTRACE if ptrace else _RESTRICT]
     command = [*cap, python, "-c", *script, python, "-m", "stockade"]
@@ -797,3 +821,32 @@ def test_landlock_missing_protected_paths_need_no_placeholders(world: World, who
     assert sorted(seen) == before  # no placeholder inside the run
     assert sorted(os.listdir(ws)) == before  # nor after it
     assert (ws / "src" / "new").read_text() == "ok\n"
+
+
+_IO_URING = r"""
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 4, params)  # io_uring_setup: its IORING_OP_CONNECT bypasses seccomp
+print("io_uring", "made" if fd >= 0 else ctypes.get_errno())
+port = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+print("proxy", "connected")
+"""
+
+
+def test_connect_guard_refuses_io_uring_with_the_syscalls_layer_off(world: World, who: str) -> None:
+    """io_uring's connect is not a system call a filter sees: with the syscalls layer off
+    (which otherwise refuses io_uring), the connect guard's part of the filter refuses it
+    below ABI 4; at ABI 4 Landlock's hook covers it, and it is left. The twin: the proxy
+    is reached either way."""
+    (world.workspace / "src").mkdir()
+    (world.workspace / "src" / "uring.py").write_text(_IO_URING)
+    run = ("run", "--backend", "landlock", "--disable", "syscalls", "--")
+    command = ("/usr/bin/python3", "src/uring.py")
+    guarded = restricted(world, who, *run, *command, abi=3, minimal=True)
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout.split("\n")[:2] == ["io_uring 1", "proxy connected"]
+    landlock = restricted(world, who, *run, *command, minimal=True)
+    assert landlock.returncode == 0, landlock.stderr
+    assert landlock.stdout.split("\n")[:2] == ["io_uring made", "proxy connected"]

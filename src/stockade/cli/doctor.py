@@ -348,7 +348,7 @@ def landlock_losses() -> list[str]:
 def landlock_checks(userns_ok: bool) -> list[dict[str, object]]:
     """Which configuration refuses user namespaces (and its fix), and the landlock
     backend: whether this kernel can run it and what it loses beside bubblewrap."""
-    from stockade.runtime import _host, _landlock
+    from stockade.runtime import _landlock
 
     out: list[dict[str, object]] = []
     found = [] if userns_ok else _landlock.userns_restrictions()

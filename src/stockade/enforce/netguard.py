@@ -267,9 +267,12 @@ class ConnectGuard:
                             continue  # the task died between poll and receive
                         raise
                     # A connect may block (a full backlog): one worker per call, started
-                    # from this capability-less thread, so they have none either.
+                    # from this capability-less thread, so they have none either. Each
+                    # holds its own descriptor of the listener: one still connecting when
+                    # this loop ends never answers through a number reused meanwhile.
+                    own = os.dup(listener)
                     worker = threading.Thread(
-                        target=self._answer, args=(listener, bytes(buf)), daemon=True
+                        target=self._answer, args=(own, bytes(buf)), daemon=True
                     )
                     with self._lock:
                         self._workers.add(worker)
@@ -282,7 +285,7 @@ class ConnectGuard:
             with self._lock:
                 workers = list(self._workers)
             for worker in workers:
-                worker.join(5.0)
+                worker.join(1.0)
             os.close(listener)
 
     def _answer(self, listener: int, raw: bytes) -> None:
@@ -292,7 +295,7 @@ class ConnectGuard:
                 error = errno.EPERM  # not a call this filter notifies: never let it pass
             else:
                 error = self._connect(listener, notif_id, pid, args)
-        except Exception as exc:
+        except Exception as exc:  # any failure refuses the call
             self._fail(f"connect guard: {type(exc).__name__}: {exc}")
             error = errno.EPERM
         try:
@@ -301,6 +304,7 @@ class ConnectGuard:
             if exc.errno != errno.ENOENT:  # ENOENT: the task was killed meanwhile
                 self._fail(f"connect guard: answering: {exc}")
         finally:
+            os.close(listener)  # this worker's own descriptor of it
             with self._lock:
                 self._workers.discard(threading.current_thread())
 
