@@ -850,3 +850,17 @@ def test_connect_guard_refuses_io_uring_with_the_syscalls_layer_off(world: World
     landlock = restricted(world, who, *run, *command, minimal=True)
     assert landlock.returncode == 0, landlock.stderr
     assert landlock.stdout.split("\n")[:2] == ["io_uring made", "proxy connected"]
+
+
+def test_doctor_names_the_connect_guard_below_abi4(world: World, who: str) -> None:
+    """Below ABI 4 doctor names the connect guard where it can work, and says why not
+    (with the fix) where the container's profile refuses pidfd_getfd."""
+    proc = restricted(world, who, "doctor", "--json", abi=3, ptrace=True)
+    backend = {c["name"]: c for c in json.loads(proc.stdout)}["landlock backend"]
+    assert backend["ok"] is True, backend
+    assert "Landlock ABI 3, no network rules: the connect guard" in backend["detail"]
+    proc = restricted(world, who, "doctor", "--json", abi=3)
+    backend = {c["name"]: c for c in json.loads(proc.stdout)}["landlock backend"]
+    assert backend["ok"] is False, backend
+    assert "the connect guard cannot work (pidfd_getfd fails with EPERM" in backend["detail"]
+    assert "allow pidfd_getfd" in backend["fix"]

@@ -104,7 +104,7 @@ DEVICES: tuple[str, ...] = (
 #: the highest Landlock ABI the landlock backend may use, read from stockade's own
 #: environment on the host (never the command's, never a policy's): it can only lower
 #: what the kernel offers, to run as on an older kernel (the tests of the connect guard
-#: use it on a kernel with ABI 7). docs/landlock-backend.md documents it.
+#: use it on a kernel with ABI 7). docs/security-model.md documents it.
 ABI_MAX_ENV = "STOCKADE_LANDLOCK_ABI_MAX"
 
 
