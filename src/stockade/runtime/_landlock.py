@@ -431,9 +431,16 @@ class LandlockRun:
     launcher spec. Made by :func:`stockade.runtime._run.execute`, closed by it."""
 
     def __init__(
-        self, policy: Policy, audit: AuditLog, egress_plan: Any, cgroup: bool = False
+        self,
+        policy: Policy,
+        audit: AuditLog,
+        egress_plan: Any,
+        cgroup: bool = False,
+        support: Any = None,
     ) -> None:
         self.policy = policy
+        #: where the run's cgroup is made (``limits.detect()``), for :meth:`start`'s prime
+        self.support = support
         #: makes the run's cgroup (set by the runtime when one can be made): the
         #: launcher is then held (``hold_fd``) until it is inside
         self.make_cgroup: Callable[[], Any] | None = None
@@ -615,6 +622,15 @@ class LandlockRun:
     def start(self, argv: Sequence[str]) -> None:
         """Serve the proxy on the host listener and start the connect guard's
         supervisor (before the command starts)."""
+        if self.support is not None and self.hold_r >= 0:
+            # The launcher waits, held, until it is moved into the run's cgroup, and the
+            # first move after a quiet spell waits for an RCU grace period (~10 ms, see
+            # limits.prime_attach). The runtime's prime, at the run's start, is long
+            # expired by now: prime again, so that the grace period passes while the
+            # proxy starts and the launcher is spawned, not while the launcher waits.
+            from stockade.runtime import _cgroup
+
+            _cgroup.prime(self.support)
         if self.guard is not None:
             self.guard.start()
         if self.listener is None or self.egress_plan is None:

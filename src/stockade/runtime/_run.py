@@ -195,7 +195,9 @@ def _execute(
             if landlock:
                 from stockade.runtime._landlock import LandlockRun
 
-                ll = LandlockRun(policy, audit, egress_plan, cgroup=support is not None)
+                ll = LandlockRun(
+                    policy, audit, egress_plan, cgroup=support is not None, support=support
+                )
                 extra_env = ll.env
             env_plan = environment.build_environment(
                 caller_env,
