@@ -546,10 +546,13 @@ def test_doctor_names_the_restriction_the_fix_and_the_fallback(world: World, who
 
 # root only: the probe's fixture world is made by its caller
 @pytest.mark.parametrize("who", ["root"], indirect=True)
-def test_probe_under_landlock_agrees_with_the_model(world: World, who: str) -> None:
+@pytest.mark.parametrize("abi", [None, 3], ids=["abi", "abi3"])
+def test_probe_under_landlock_agrees_with_the_model(
+    world: World, who: str, abi: int | None
+) -> None:
     # The scenario's attacks under every subset, on a host that refuses user namespaces:
     # each row's outcome is the model's under landlock (held where it says the backend
-    # stops it, through where it says not).
+    # stops it, through where it says not); with abi=3, under the connect guard.
     proc = restricted(
         world,
         who,
@@ -560,12 +563,15 @@ def test_probe_under_landlock_agrees_with_the_model(world: World, who: str) -> N
         "0",
         "--json",
         timeout=900,
+        abi=abi,
+        ptrace=abi is not None,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["backend"] == "landlock"
     assert data["agreement"]["agree"] == data["agreement"]["total"] > 0
     assert all(data["build"][layer]["enforceable"] for layer in ("files", "container", "egress"))
+    assert ("the connect guard" in data["build"]["egress"]["detail"]) == (abi is not None)
     survive = [r["cells"]["survive"] for r in data["runs"] if "container" in r["layers"]]
     assert survive
     assert all(c["measured"] == "stopped" for c in survive)

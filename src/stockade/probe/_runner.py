@@ -297,7 +297,13 @@ def backend_of(scenario: scenarios.Scenario) -> str:
     return backend if backend in BACKENDS else "bubblewrap"
 
 
-def _landlock_scopes() -> bool:
+def _landlock_scopes(backend: str = "bubblewrap") -> bool:
+    """Whether the runs apply Landlock's scopes: the kernel's ABI, or under the landlock
+    backend the ABI it uses (``STOCKADE_LANDLOCK_ABI_MAX`` may lower it)."""
+    if backend == "landlock":
+        from stockade.runtime import _landlock
+
+        return _landlock.usable_abi() >= 6
     from stockade.runtime import _host
 
     return _host.landlock_abi() >= 6
@@ -594,11 +600,18 @@ def capabilities(
     netns = get("egress", "ns_net")
     proxy = get("egress", "proxy") is True
     if landlock:
+        from stockade.runtime import _landlock
+
+        by = (
+            "address alone (the connect guard: Landlock has no network rules below ABI 4)"
+            if _landlock.needs_guard(egress=True)
+            else "port alone (Landlock)"
+        )
         verdict(
             "egress",
             netns == host_ns["net"] and proxy,
-            "no network namespace (landlock backend): connect() reaches the proxy's port "
-            "alone (Landlock) and inet sockets are TCP alone (seccomp); proxy variables set",
+            f"no network namespace (landlock backend): connect() reaches the proxy's {by} "
+            "and inet sockets are TCP alone (seccomp); proxy variables set",
             "no proxy variables under the landlock backend",
         )
     else:
@@ -813,7 +826,7 @@ def probe(
 
         gvisor.require_runsc()  # raises the Unavailable that says how to get one
     fixed = canonical(FIXED[backend])
-    scopes = _landlock_scopes()
+    scopes = _landlock_scopes(backend)
     with world(base) as w:
         first = on_backend(scenarios.build(scenario, w.layout("setup")), backend)
         boundary = Boundary(first.policy, landlock_scopes=scopes)
