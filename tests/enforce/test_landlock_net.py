@@ -145,6 +145,22 @@ def test_no_netns_filter_refuses_udp_keeps_tcp() -> None:
     assert json.loads(proc.stdout) == {"udp": "made", "tcp": "made"}
     with pytest.raises(ValueError, match="net_only"):
         seccomp.build_filter(net_only=True)
+    with pytest.raises(ValueError, match="guard"):
+        seccomp.build_filter(guard=True)
+
+
+def test_guard_filter_refuses_io_uring_with_net_only() -> None:
+    """io_uring's connect is invisible to a filter: the connect guard's part refuses it
+    (the full filter does anyway); the twin without the guard leaves it."""
+    probe = "import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(425, 4, ctypes.create_string_buffer(120)) >= 0 or ctypes.get_errno())"
+    for bpf, expected in (
+        (seccomp.build_filter(no_netns=True, net_only=True, guard=True), "1"),
+        (seccomp.build_filter(no_netns=True, guard=True), "1"),
+        (seccomp.build_filter(no_netns=True, net_only=True), "True"),
+    ):
+        proc = _run(_spec(seccomp_bpf=bpf), PYTHON, "-c", probe)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected
 
 
 def test_reaper_kills_what_the_command_leaves() -> None:
