@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.runtime import _host
+from stockade import Unavailable
+from stockade.enforce import netguard
+from stockade.runtime import _host, _landlock
 from tests.conftest import World, _nobody_python, as_nobody, require
 
 #: run argv[1:] with CLONE_NEWUSER refused (stockade's own filter), after checking it is
@@ -272,6 +274,11 @@ def restricted(
             check=False,
         )
     return as_nobody(world, *args, timeout=timeout, command=command)
+
+
+def _guard_works() -> None:
+    ok, why = netguard.available()
+    require(ok, f"the connect guard cannot work on this host: {why}")
 
 
 def _policy(world: World, text: str) -> Path:
@@ -730,6 +737,7 @@ def test_connect_guard_below_abi4_holds_egress(
     and packet sockets are refused; unlike Landlock's port rule, the guard checks the
     address too. A unix socket and a non-blocking connect still work (the guard performs
     them), and a thread rewriting the address during connect() never gets past it."""
+    _guard_works()
     port, paths = server
     other = socket.socket()
     other.bind(("127.0.0.2", 0))
@@ -846,6 +854,7 @@ def test_connect_guard_refuses_io_uring_with_the_syscalls_layer_off(world: World
     (which otherwise refuses io_uring), the connect guard's part of the filter refuses it
     below ABI 4; at ABI 4 Landlock's hook covers it, and it is left. The twin: the proxy
     is reached either way."""
+    _guard_works()
     (world.workspace / "src").mkdir()
     (world.workspace / "src" / "uring.py").write_text(_IO_URING)
     run = ("run", "--backend", "landlock", "--disable", "syscalls", "--")
@@ -861,6 +870,7 @@ def test_connect_guard_refuses_io_uring_with_the_syscalls_layer_off(world: World
 def test_doctor_names_the_connect_guard_below_abi4(world: World, who: str) -> None:
     """Below ABI 4 doctor names the connect guard where it can work, and says why not
     (with the fix) where the container's profile refuses pidfd_getfd."""
+    _guard_works()
     proc = restricted(world, who, "doctor", "--json", abi=3, ptrace=True)
     backend = {c["name"]: c for c in json.loads(proc.stdout)}["landlock backend"]
     assert backend["ok"] is True, backend
@@ -870,3 +880,19 @@ def test_doctor_names_the_connect_guard_below_abi4(world: World, who: str) -> No
     assert backend["ok"] is False, backend
     assert "the connect guard cannot work (pidfd_getfd fails with EPERM" in backend["detail"]
     assert "allow pidfd_getfd" in backend["fix"]
+
+
+def test_abi_cap_only_lowers_and_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STOCKADE_LANDLOCK_ABI_MAX lowers the ABI the backend uses, never raises it, and a
+    value that is not a number above 0 stops the run (Unavailable: 125)."""
+    kernel = _host.landlock_abi()
+    monkeypatch.delenv(_landlock.ABI_MAX_ENV, raising=False)
+    assert _landlock.usable_abi() == kernel
+    monkeypatch.setenv(_landlock.ABI_MAX_ENV, "3")
+    assert _landlock.usable_abi() == min(kernel, 3)
+    monkeypatch.setenv(_landlock.ABI_MAX_ENV, str(kernel + 5))
+    assert _landlock.usable_abi() == kernel
+    for bad in ("0", "-1", "three"):
+        monkeypatch.setenv(_landlock.ABI_MAX_ENV, bad)
+        with pytest.raises(Unavailable, match=_landlock.ABI_MAX_ENV):
+            _landlock.usable_abi()
