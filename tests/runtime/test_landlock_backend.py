@@ -732,7 +732,7 @@ out["race"] = race
 def test_connect_guard_below_abi4_holds_egress(
     world: World, who: str, server: tuple[int, list[str]]
 ) -> None:
-    """Landlock reported as ABI 3 (no TCP rules): the connect guard carries the egress
+    """stockade told to use Landlock ABI 3 (no TCP rules): the connect guard carries the egress
     layer. The proxy is reached; a direct connection to another port or host, UDP, raw
     and packet sockets are refused; unlike Landlock's port rule, the guard checks the
     address too. A unix socket and a non-blocking connect still work (the guard performs
