@@ -700,6 +700,22 @@ first = s.connect_ex(("127.0.0.1", proxy_port))
 select.select([], [s], [], 5)
 out["nonblocking"] = [first, s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
 s.close()
+# From a thread that is not the process's first (a resolver's, a pool's worker)
+in_thread = {}
+def from_thread():
+    for key, p in (("proxy", proxy_port), ("other", port)):
+        k = socket.socket()
+        try:
+            k.connect(("127.0.0.1", p))
+            in_thread[key] = "connected"
+        except OSError as e:
+            in_thread[key] = e.errno
+        finally:
+            k.close()
+worker = threading.Thread(target=from_thread)
+worker.start()
+worker.join()
+out["thread"] = in_thread
 # Another thread rewrites the address between the proxy's and the server's while
 # connect() is pending: the guard must decide and connect on one copy.
 libc = ctypes.CDLL(None, use_errno=True)
@@ -778,6 +794,7 @@ def test_connect_guard_below_abi4_holds_egress(
     assert (out["udp"], out["raw"], out["packet"], out["fastopen"]) == (eperm,) * 4
     assert out["unix_relative"] == "connected"
     assert out["nonblocking"] == [einprogress, 0]
+    assert out["thread"] == {"proxy": "connected", "other": eacces}
     race = out["race"]
     assert "leak" not in race, race
     # both addresses were seen at the moment of the check: the race was run

@@ -97,6 +97,8 @@ _SYSCALLS: dict[str, dict[str, int]] = {
 _SOCKADDR_MAX = 128
 _SUN_PATH_MAX = 108
 _AF_UNSPEC = 0
+#: pidfd_open flag (O_EXCL, Linux 6.9): the pidfd names the thread, not its process
+_PIDFD_THREAD = 0o200
 
 
 def available() -> tuple[bool, str]:
@@ -345,12 +347,25 @@ class ConnectGuard:
         return data
 
     def _take_socket(self, listener: int, notif_id: int, pid: int, number: int) -> int:
-        """A descriptor of stockade's for the task's open file ``number``."""
+        """A descriptor of stockade's for the task's open file ``number``.
+
+        ``pid`` is the notifying thread's id, which may be any thread of its process (a
+        resolver's or a pool's worker). ``PIDFD_THREAD`` (Linux 6.9) names that thread,
+        so the descriptor comes from its own table; before 6.9 a pidfd names a process,
+        and the table is its leader's: the one every thread shares unless it was made
+        with ``clone(CLONE_THREAD)`` without ``CLONE_FILES`` (no libc does that). Either
+        way the socket is the process's own and the address is checked all the same.
+        """
         libc = _libc()
-        pidfd = int(libc.syscall(ctypes.c_long(self._nr["pidfd_open"]), pid, 0))
+        nr = ctypes.c_long(self._nr["pidfd_open"])
+        pidfd = int(libc.syscall(nr, pid, _PIDFD_THREAD))
+        if pidfd < 0 and ctypes.get_errno() == errno.EINVAL:
+            pidfd = int(libc.syscall(nr, _thread_group(pid), 0))
         if pidfd < 0:
             raise OSError(ctypes.get_errno(), f"pidfd_open({pid})")
         try:
+            # the notification still pending: the pidfd names the notifying task's
+            # thread (or process), not a later one given the same number
             if not self._valid(listener, notif_id):
                 raise ProcessLookupError(pid)
             fd = int(libc.syscall(ctypes.c_long(self._nr["pidfd_getfd"]), pidfd, number, 0))
@@ -435,6 +450,18 @@ class ConnectGuard:
         if (address, port) in self._allowed:
             return None
         return f"{address}:{port}" if address.version == 4 else f"[{address}]:{port}"
+
+
+def _thread_group(tid: int) -> int:
+    """The process (thread group) of the thread ``tid`` (ESRCH once it is gone)."""
+    try:
+        with open(f"/proc/{tid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    raise ProcessLookupError(tid)
 
 
 def _socket_family(fd: int) -> int:
