@@ -176,6 +176,19 @@ def _within(path: Path, root: Path) -> bool:
     return p == r or p.startswith(r if r.endswith("/") else r + "/")
 
 
+def _ancestors(paths: Iterable[str]) -> set[str]:
+    """Every directory strictly above one of ``paths`` (normalised absolute paths)."""
+    out: set[str] = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent not in out:
+            out.add(parent)
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    return out
+
+
 def write_grants(
     roots: Iterable[Path], keep: Iterable[Path]
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Path, ...]]:
@@ -190,44 +203,46 @@ def write_grants(
     Raises:
         Unavailable: the split would need more rules than the launcher takes.
     """
-    kept = [Path(os.path.abspath(p)) for p in keep]
+    # On strings, with the directories above a kept path collected once (this runs on
+    # every run, the warm server's too): a directory is split exactly when it is one.
+    kept = {os.path.abspath(p) for p in keep}
+    above = _ancestors(kept)
     write: list[str] = []
     read: list[str] = []
     split: list[Path] = []
 
-    def grant(directory: Path) -> None:
-        inside = [k for k in kept if _within(k, directory)]
-        if not inside:
-            write.append(str(directory))
+    def grant(directory: str) -> None:
+        if directory in kept:
+            read.append(directory)  # a kept directory: read-only, whole
             return
-        if directory in inside:
-            read.append(str(directory))  # a kept directory: read-only, whole
+        if directory not in above:
+            write.append(directory)
             return
-        read.append(str(directory))
-        split.append(directory)
+        read.append(directory)
+        split.append(Path(directory))
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError:
             return
         for entry in entries:
-            path = Path(entry.path)
-            if path in inside:
+            path = entry.path
+            if path in kept:
                 continue  # read through the directory's read rule
             if entry.is_symlink():
                 continue
-            if entry.is_dir(follow_symlinks=False):
+            if path in above:
                 grant(path)
             else:
-                write.append(str(path))
+                write.append(path)
 
-    for root in roots:
-        root = Path(os.path.abspath(root))
+    for given in roots:
+        root = os.path.abspath(given)
         if not os.path.isdir(root):
-            if not any(_within(root, k) for k in kept):
-                write.append(str(root))
+            if not any(_within(Path(root), Path(k)) for k in kept):
+                write.append(root)
             continue
-        if any(_within(root, k) and root != k for k in kept):
-            read.append(str(root))  # the whole root lies inside a kept directory
+        if any(_within(Path(root), Path(k)) and root != k for k in kept):
+            read.append(root)  # the whole root lies inside a kept directory
             continue
         grant(root)
     if len(write) + len(read) > _MAX_RULES:
@@ -251,34 +266,34 @@ def read_grants(
     files under /etc (shadow, sudoers, the ssh host keys) stay out of reach of a run as
     root. Symbolic links are not granted (their targets are judged on their own).
     """
-    hidden = [Path(p) for p in hide if os.path.lexists(p)]
+    # On strings, with the set of directories above a hidden path made once: this runs
+    # on every run (the warm server's too), over /etc's ~150 entries.
+    hidden = {os.path.normpath(p) for p in hide if os.path.lexists(p)}
+    above = _ancestors(hidden)
     read: list[str] = []
     listed: list[str] = []
 
-    def grant(directory: Path) -> None:
-        inside = [h for h in hidden if _within(h, directory)]
-        if not inside:
-            read.append(str(directory))
+    def grant(directory: str) -> None:
+        if directory not in above:
+            read.append(directory)
             return
-        if directory in inside:
-            return
-        listed.append(str(directory))
+        listed.append(directory)
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError:
             return
         for entry in entries:
-            path = Path(entry.path)
-            if path in inside or entry.is_symlink():
+            path = entry.path
+            if path in hidden or entry.is_symlink():
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                grant(path)
+            if path in above:
+                grant(path)  # a directory that holds a hidden path: split it too
             else:
-                read.append(str(path))
+                read.append(path)
 
     for root in roots:
-        path = Path(root)
-        if any(_within(path, h) for h in hidden):
+        path = os.path.normpath(root)
+        if any(_within(Path(path), Path(h)) for h in hidden):
             continue
         if os.path.isdir(path) and not os.path.islink(path):
             grant(path)
