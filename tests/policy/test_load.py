@@ -205,3 +205,25 @@ def test_home_relative_paths_expand(home: Path) -> None:
     (home / "tools").mkdir()
     p = parse_policy_text('[filesystem]\nread = ["~/tools"]\n')
     assert p.filesystem.read == (Path(os.path.realpath(home / "tools")),)
+
+
+def test_trust_widenings_name_what_a_file_opens_and_nothing_it_repeats(tmp_path: Path) -> None:
+    from stockade.policy._load import parse_policy_text
+    from stockade.policy._trust import widenings
+
+    base = 'version = 1\n[network]\nallow = ["a.test"]\n[[network.rules]]\nhost = "a.test"\nmethods = ["GET"]\n'
+    now = parse_policy_text(base, workspace=tmp_path)
+    more = parse_policy_text(
+        base
+        + '[[network.rules]]\nhost = "a.test"\nmethods = ["POST"]\n'
+        + "[limits]\npids = 100000\n[layers]\ninspect = false\n",
+        workspace=tmp_path,
+    )
+    assert widenings(now, more) == [
+        "network.rules allow: a.test POST /**",
+        "layers switched off: inspect",
+        "limits raised: pids",
+    ]
+    assert widenings(now, now) == []  # the twin: the same policy opens nothing
+    tighter = parse_policy_text("version = 1\n[limits]\npids = 10\n", workspace=tmp_path)
+    assert widenings(now, tighter) == []

@@ -144,11 +144,16 @@ def widenings(now: Policy, trusted: Policy) -> list[str]:
         [f"{k} = {v}" for k, v in now.network.hosts.items()],
         [f"{k} = {v}" for k, v in trusted.network.hosts.items()],
     )
-    more(
-        "network.rules allow",
-        [r for r in now.network.rules if r.action != "deny"],
-        [r for r in trusted.network.rules if r.action != "deny"],
-    )
+
+    def rules(p: Policy) -> list[str]:
+        # by what a rule says, not where it stands (its index)
+        return [
+            f"{r.host} {','.join(r.methods) or '*'} {','.join(r.paths)}"
+            for r in p.network.rules
+            if r.action != "deny"
+        ]
+
+    more("network.rules allow", rules(now), rules(trusted))
     if trusted.network.upstream is not None and trusted.network.upstream != now.network.upstream:
         out.append(f"network.upstream: {one_line(trusted.network.upstream.proxy)}")
     if trusted.filesystem.workspace != now.filesystem.workspace:
