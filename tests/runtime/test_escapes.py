@@ -110,3 +110,15 @@ def test_a_sequence_split_at_a_piece_end_is_judged_whole() -> None:
     assert out == b"x" + ESC + b"[1my"
     f = TerminalFilter()
     assert f.feed(ESC + b"[1mok" + ESC + b"[") + f.feed(b"0m") == ESC + b"[1mok" + ESC + b"[0m"
+
+
+@pytest.mark.usefixtures("kernel")
+def test_a_learning_runs_captured_output_is_filtered_too(world: World) -> None:
+    # learn captures the task's output (verify compares its digest) and writes it out
+    # afterwards: to a terminal, through the same filter as a relayed run.
+    script = r"printf 'A\033]52;c;ZXZpbA==\007B\033[1;32mC\033[0m\n'"
+    out = world.root / "learnt"
+    with caller(world, "learn", "-o", str(out), "--", "sh", "-c", script, exact=True) as c:
+        assert c.wait() == 0, c.out[-3000:]
+    assert b"]52;" not in c.out
+    assert b"AB\x1b[1;32mC\x1b[0m" in c.out  # the twin: colours reach the terminal

@@ -55,9 +55,16 @@ def execute(args: argparse.Namespace) -> int:
         see=args.see,
         timeout=args.timeout,
     )
-    sys.stdout.buffer.write(result.stdout or b"")
-    sys.stdout.flush()
-    sys.stderr.buffer.write(result.stderr or b"")
+    # The task's output was captured (its digest is what verify compares): written out
+    # here, to a terminal it passes the relay's filter, as a run's output would
+    # (runtime/_escapes.py: no clipboard, no answer typed into the shell).
+    for stream, data in ((sys.stdout, result.stdout), (sys.stderr, result.stderr)):
+        if data and stream.isatty():
+            from stockade.runtime._escapes import TerminalFilter
+
+            data = TerminalFilter().feed(data)
+        stream.buffer.write(data or b"")
+        stream.flush()
     counts: dict[str, int] = {}
     for obs in result.observations:
         counts[obs["kind"]] = counts.get(obs["kind"], 0) + 1
