@@ -42,11 +42,12 @@ from typing import Any
 
 from stockade._record import asdict, record
 from stockade.policy._tables import DEFAULT_PROTECTED, GIT_DIR_PROTECTED, LINK_TARGETS_OUTSIDE
+from stockade.workspace._at import DIR_FLAGS as _DIR_FLAGS
+from stockade.workspace._at import Refused as _Refused
+from stockade.workspace._at import open_parent as _open_parent
 from stockade.workspace._changes import Change, is_opaque, is_whiteout, scan
 from stockade.workspace._diff import selected
 from stockade.workspace._layer import Layer, LayerError
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @record
@@ -227,10 +228,6 @@ def _conflict(
     return None
 
 
-class _Refused(Exception):
-    pass
-
-
 class _Dirs:
     """The workspace's directories an apply opened, by workspace-relative path: each
     opened once (component by component, ``O_NOFOLLOW``) and kept until the apply ends,
@@ -267,48 +264,6 @@ class _Dirs:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-
-
-def _open_parent(
-    root_fd: int,
-    rel: str,
-    *,
-    create: bool,
-    upper: str,
-    skip: int = 0,
-) -> tuple[int, str]:
-    """An fd of ``rel``'s parent directory (making missing ones when ``create``), opened
-    component by component without following any symlink; and ``rel``'s last name.
-
-    With ``skip``, ``root_fd`` is already the directory of ``rel``'s first ``skip``
-    components."""
-    parts = PurePosixPath(rel).parts
-    fd = os.dup(root_fd)
-    try:
-        for i, part in enumerate(parts[:-1]):
-            if i < skip:
-                continue
-            try:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise _Refused(f"its directory {'/'.join(parts[: i + 1])} is gone") from None
-                mode = stat.S_IMODE(os.lstat(os.path.join(upper, *parts[: i + 1])).st_mode)
-                os.mkdir(part, mode & 0o1777, dir_fd=fd)
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (40, 20):  # ELOOP, ENOTDIR: a symlink or a file on the way
-                    raise _Refused(
-                        f"{'/'.join(parts[: i + 1])} is not a directory (a symlink?): "
-                        "nothing is applied through a link"
-                    ) from None
-                raise
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
 
 
 def _lstat_at(fd: int, name: str) -> os.stat_result | None:

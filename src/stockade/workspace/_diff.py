@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Iterable
 
+from stockade.workspace._at import DIR_FLAGS, Refused, open_parent
 from stockade.workspace._changes import Change, looks_binary
 from stockade.workspace._layer import Layer
 
@@ -25,29 +26,23 @@ def _lines(data: bytes) -> list[str]:
     return lines
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 def _parent_fd(root: str, rel: str) -> tuple[int, str] | None:
-    """A descriptor of ``rel``'s directory below ``root`` and ``rel``'s last name, every
-    directory on the way opened without following a symlink; None when one is a link,
+    """A descriptor of ``rel``'s directory below ``root`` and ``rel``'s last name
+    (:func:`._at.open_parent`: no link followed on the way); None when one is a link,
     missing or not a directory."""
     parts = [p for p in rel.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         return None
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        root_fd = os.open(root, DIR_FLAGS)
     except OSError:
         return None
-    for part in parts[:-1]:
-        try:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = nxt
-    return fd, parts[-1]
+    try:
+        return open_parent(root_fd, "/".join(parts), create=False, upper="")
+    except (Refused, OSError):
+        return None
+    finally:
+        os.close(root_fd)
 
 
 def _read(root: str, rel: str) -> bytes | None:
