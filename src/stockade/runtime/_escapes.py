@@ -87,10 +87,10 @@ class TerminalFilter:
                 csi = _WHOLE_CSI.match(data, j)
                 if csi is not None:
                     # a whole CSI in this piece (colours, the cursor): judged at once
-                    if csi.group(2) == b"t" and csi.group(1).split(b";")[0] in _CSI_T_DROPPED:
-                        self.dropped += 1
-                    else:
+                    if _csi_kept(csi.group(1), csi.group(2)[0]):
                         out += csi.group(0)
+                    else:
+                        self.dropped += 1
                     i = csi.end()
                     continue
                 self._start(_ESCAPE, data[j : j + 1])
@@ -145,7 +145,7 @@ class TerminalFilter:
             self.dropped += 1
             self._state = _GROUND
         elif 0x40 <= byte <= 0x7E:  # the final byte
-            if not (byte == ord("t") and bytes(self._seq[2:-1]).split(b";")[0] in _CSI_T_DROPPED):
+            if _csi_kept(bytes(self._seq[2:-1]), byte):
                 out += self._seq
             else:
                 self.dropped += 1
@@ -186,6 +186,11 @@ class TerminalFilter:
     def _drop(self) -> None:
         self.dropped += 1
         self._state = _GROUND
+
+
+def _csi_kept(params: bytes, final: int) -> bool:
+    """Whether a CSI with ``params`` (and any intermediates) and ``final`` may pass."""
+    return not (final == ord("t") and params.split(b";")[0] in _CSI_T_DROPPED)
 
 
 def _osc_kept(body: bytes) -> bool:
