@@ -1,7 +1,9 @@
 """Compile stockade's small C programs once per source, into the user's cache.
 
-Two programs are C: the inner launcher (``enforce/_launcher.c``, run inside every
-sandbox) and the front end of the ``stockade`` command (``cli/_frontend.c``). Each binary
+Three programs are C: the inner launcher (``enforce/_launcher.c``, run inside every
+sandbox), the network namespace helper (``egress/_netns_helper.c``, which makes the
+proxy's listeners inside a sandbox's namespace) and the front end of the ``stockade``
+command (``cli/_frontend.c``). Each binary
 is named after a digest of its source, so a changed source gets a fresh binary and a
 stale one is never reused; a cached binary is reused only when nobody but this user
 could have written it and its content is the one recorded when it was built
@@ -48,7 +50,7 @@ def trusted(path: Path) -> bool:
     try:
         st = path.lstat()
         parent = path.parent.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):
         return False
     uid = os.geteuid()
     return (
@@ -76,9 +78,15 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
     if trusted(target) and _digests.verify(target, first_use=True) is None:
         return target
     cache = target.parent
-    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
-    os.chmod(cache, 0o700)
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
+        os.chmod(cache, 0o700)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot build {what}: its cache {cache} is not usable ({exc.strerror}); "
+            "set XDG_CACHE_HOME to a directory of your own"
+        ) from None
     import tempfile  # lazy: only a first build needs it
 
     cc = compiler(what)

@@ -95,7 +95,7 @@ def trust_roots(env: Mapping[str, str] | None = None) -> tuple[TrustRoot, ...]:
     out = [
         TrustRoot(config_dir(env), "stockade's configuration (policy.toml, approved.toml)"),
         TrustRoot(state_dir(env), "stockade's state (run records, approvals, trust, server)"),
-        TrustRoot(cache_dir(env), "stockade's cache (the inner launcher, runsc)"),
+        TrustRoot(cache_dir(env), "stockade's cache (the launcher, the network helper, runsc)"),
         TrustRoot(data, "stockade's data"),
         TrustRoot(data / "ca", "stockade's interception CA (private key)", "mask"),
         TrustRoot(package, "stockade's own code"),

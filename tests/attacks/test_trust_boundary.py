@@ -249,6 +249,25 @@ def test_a_launcher_replaced_on_disk_is_rebuilt_not_run(world: World, kernel: No
     assert not launcher.read_bytes().startswith(b"#!")
 
 
+def test_a_network_helper_replaced_on_disk_is_rebuilt_not_run(
+    world: World, kernel: None
+) -> None:
+    """The network namespace helper runs on the host, with the user's own rights: a copy
+    changed on disk (by a tool or an earlier run that could write the cache) would be
+    code run on the host at the next run's start. It is rebuilt from source instead; the
+    run that follows works (its twin: the first run, with the helper as built)."""
+    env = _cache_in_workspace(world)
+    assert world.stockade("run", "--", "true", env=env).returncode == 0
+    (helper,) = (world.workspace / ".cache" / "stockade").glob("netns-helper-*")
+    marker = world.root / "helper-ran-on-the-host"
+    helper.write_bytes(f"#!/bin/sh\ntouch {marker}\nexit 1\n".encode())
+    os.chmod(helper, 0o700)
+    proc = world.stockade("run", "--", "true", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+    assert not helper.read_bytes().startswith(b"#!")
+
+
 def test_a_planted_runsc_in_the_cache_is_refused(world: World, tmp_path: Path) -> None:
     from stockade import Unavailable, _digests
     from stockade.enforce import gvisor

@@ -8,6 +8,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -70,13 +72,19 @@ def _needs(tool: str) -> None:
 
 def _run_script(prefix: list[str]) -> str:
     port = 20000 + os.getpid() % 20000
-    result = subprocess.run(
-        [*prefix, sys.executable, "-c", SCRIPT, str(port)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    # The helper is compiled into the user's cache: one that uid 65534 can write too
+    # (pytest's tmp_path lies in a directory private to root).
+    with tempfile.TemporaryDirectory(prefix="stockade-netns-") as tmp:
+        os.chmod(tmp, 0o777)
+        env = dict(os.environ, XDG_CACHE_HOME=f"{tmp}/cache", XDG_STATE_HOME=f"{tmp}/state")
+        result = subprocess.run(
+            [*prefix, sys.executable, "-c", SCRIPT, str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     if result.returncode != 0 and "No permissions to create new namespace" in result.stderr:
         must_work_or_skip(f"user namespaces are not available: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
@@ -151,6 +159,66 @@ def test_errors_name_the_step() -> None:
         listener_in_netns(os.getpid())
     with pytest.raises(SandboxError, match="is process"):
         listener_in_netns(2**22 + 7)
+
+
+def test_the_helper_holds_only_its_own_descriptors_and_names_the_step_it_failed() -> None:
+    """The helper is spawned from a process that holds other descriptors (a run server's
+    listener, above all, inheritable here on purpose): it keeps none of them, only its
+    channel and the namespace. And when loopback never comes up (unshare leaves it
+    down) it fails closed, naming that step. Its twin, the same namespace with loopback
+    up, is test_plain_network_namespace_as_root."""
+    _needs("unshare")
+    if os.geteuid() != 0:
+        must_work_or_skip("unshare -n needs root")
+    sleeper = subprocess.Popen(["unshare", "-n", "sleep", "20"])
+    bystander = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bystander.set_inheritable(True)
+    try:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{sleeper.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < deadline, "unshare did not create a namespace"
+            time.sleep(0.01)
+        failure: list[BaseException] = []
+
+        def make() -> None:
+            try:
+                listener_in_netns(sleeper.pid).close()
+            except BaseException as exc:
+                failure.append(exc)
+
+        worker = threading.Thread(target=make)
+        worker.start()
+        held: dict[int, str] = {}
+        deadline = time.monotonic() + 4
+        while not held and time.monotonic() < deadline:
+            for pid in _children():
+                if "netns-helper" in os.readlink(f"/proc/{pid}/exe"):
+                    fds = f"/proc/{pid}/fd"
+                    held = {int(fd): os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds)}
+            time.sleep(0.01)
+        worker.join(20)
+        mine = os.readlink(f"/proc/self/fd/{bystander.fileno()}")
+        assert mine not in held.values()
+        # The std streams, the channel, the namespace, and the socket it polls loopback
+        # with (made inside, after it closed the rest).
+        assert sorted(held) == [0, 1, 2, 3, 4, 5]
+        assert held[4].startswith("net:")
+        assert len(failure) == 1
+        assert isinstance(failure[0], SandboxError)
+        assert "wait for lo" in str(failure[0])
+    finally:
+        bystander.close()
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    out = []
+    for task in os.listdir(f"/proc/{me}/task"):
+        with open(f"/proc/{me}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
 
 
 def test_listener_is_not_reachable_from_the_host_namespace() -> None:

@@ -257,8 +257,9 @@ def _warm(workspace: Path) -> dict[str, int]:
         file = getattr(module, "__file__", None)
         if (name == "stockade" or name.startswith("stockade.")) and file:
             watched[file] = os.stat(file).st_mtime_ns
-    launcher_c = Path(_run.__file__).parent.parent / "enforce" / "_launcher.c"
-    watched[str(launcher_c)] = launcher_c.stat().st_mtime_ns
+    for source in ("enforce/_launcher.c", "egress/_netns_helper.c"):
+        path = Path(_run.__file__).parent.parent / source
+        watched[str(path)] = path.stat().st_mtime_ns
     return watched
 
 
@@ -273,7 +274,7 @@ def _dry_plan(workspace: Path) -> None:
     while the server lives is not kept: the host's own addresses (which the proxy
     refuses) are read again by each run.
     """
-    from stockade.egress import _addr
+    from stockade.egress import _addr, _netns
     from stockade.enforce import launcher
     from stockade.policy import load_policy
     from stockade.runtime import RunRequest
@@ -287,6 +288,7 @@ def _dry_plan(workspace: Path) -> None:
         policy = load_policy(None, workspace=workspace)
         plan(RunRequest(argv=["true"], policy=policy, audit_to_file=False))
         launcher.build_launcher()
+        _netns.build_helper()
     except Exception as exc:  # a warm-up: the first run reports a failure properly
         print(f"stockade server: warm-up plan failed: {exc}", file=sys.stderr)
     finally:
@@ -468,14 +470,6 @@ def _fork_spare(
         # What the worker's runs will be confined by, read before a caller waits: a
         # spare is forked anew after every run, so this is as fresh as the server's own.
         mine = _context("self")
-        # The sandbox's network helper, forked now rather than on the run's path (see
-        # egress/_netns.prepare_helper), unless a caller waits already: then the fork
-        # would only delay it (the run forks its own helper, as ever).
-        if not select.select([listener], [], [], 0)[0]:
-            from stockade.egress import _netns
-
-            with contextlib.suppress(OSError):
-                _netns.prepare_helper()
         conn, _ = listener.accept()
         listener.close()
         stale = _stale(watched)
