@@ -117,11 +117,12 @@ def prime_attach(support: CgroupSupport) -> None:
     whose writer waits for an RCU grace period (about 10 ms here) unless another writer
     held it within the last grace period or so (cgroup v2's ``favordynmods`` exists for
     this). Moving this process into the cgroup it is already in changes nothing but takes
-    that lock; done in a thread while the run is being planned, it makes the sandbox's
-    own move a few milliseconds later cost about 0.1 ms instead of 10. Failure (no write
+    that lock; done on the background thread (stockade._background) while the run is
+    being planned, it makes the sandbox's own move a few milliseconds later cost about
+    0.1 ms instead of 10. Failure (no write
     access to our own cgroup) only means no head start.
     """
-    import threading
+    from stockade import _background
 
     # The parents detect() found are the cgroups this process is in (one per v1
     # controller, or the v2 one): any of them will do.
@@ -131,7 +132,7 @@ def prime_attach(support: CgroupSupport) -> None:
         with contextlib.suppress(OSError):
             procs.write_text(str(os.getpid()))
 
-    threading.Thread(target=move_self, name="stockade-cgroup-prime", daemon=True).start()
+    _background.submit(move_self)
 
 
 def cgroup_name(run_id: str) -> str:

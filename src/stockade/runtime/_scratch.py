@@ -63,19 +63,16 @@ class Scratch:
         self._sweeper: Any = None
 
     def sweep_in_background(self) -> None:
-        """Sweep the scratch directories of killed runs in a thread, once.
+        """Sweep the scratch directories of killed runs on the background thread, once.
 
         Called once the command runs: the run's own thread then mostly waits for it
         without the GIL, where a sweeping thread started earlier would take turns with
         its planning (each of whose system calls may wait for the GIL a while).
         """
         if self._sweeper is None:
-            import threading
+            from stockade import _background
 
-            self._sweeper = threading.Thread(
-                target=_sweep_leftovers, name="stockade-sweep", daemon=True
-            )
-            self._sweeper.start()
+            self._sweeper = _background.submit(_sweep_leftovers)
 
     @property
     def path(self) -> Path:
@@ -102,7 +99,7 @@ class Scratch:
         if self._sweeper is None:
             _sweep_leftovers()  # the command never started
         else:
-            self._sweeper.join()
+            self._sweeper.wait()
 
 
 @contextlib.contextmanager
