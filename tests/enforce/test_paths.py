@@ -16,7 +16,11 @@ from tests.conftest import require
 
 def test_protect_paths_makes_or_lists_the_placeholders(tmp_path: Path) -> None:
     made = paths.protect_paths(tmp_path)
-    assert (tmp_path / ".vscode").is_dir()
+    # A missing directory name is held by an empty file (paths._ABSENT_DIRS says why);
+    # .git, which a bind of the run's own repository lands on, by a directory.
+    assert (tmp_path / ".vscode").is_file()
+    assert (tmp_path / ".vscode").stat().st_size == 0
+    assert (tmp_path / ".git").is_dir()
     assert (tmp_path / ".envrc").is_file()
     assert tmp_path / ".git" in made.existing
     assert set(made.created) <= set(made.existing)

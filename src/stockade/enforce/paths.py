@@ -91,7 +91,16 @@ TOOLCHAIN_ROOTS: tuple[str, ...] = (
 #: Protected names that get a placeholder when missing, so they cannot be created inside.
 #: (Inside git directories, :func:`_git_protection` decides; .git itself is protected
 #: when the workspace is not a repository, so no repository can be created.)
-_DIR_PLACEHOLDERS = (
+#:
+#: These are directories where they exist, but a missing one is held by an empty *file*:
+#: bound read-only onto itself, the name is taken (no directory of that name can be
+#: made, and a mount point cannot be removed or renamed), which is all a placeholder is
+#: for. An empty file costs no data block; an empty directory costs one, and freeing it
+#: made each ``rmdir`` at the end of a run 0.15 ms here and about 1.2 ms on an ext4
+#: mounted with ``discard``: 7 of them after every run. Inside, a missing ``.vscode`` is
+#: then an empty read-only file rather than an empty read-only directory, which is
+#: closer to "not there" for the tools that look (``isdir(".idea")``).
+_ABSENT_DIRS = (
     ".claude",
     ".cursor",
     ".vscode",
@@ -650,8 +659,9 @@ def protect_paths(
                     if _root_of(real, roots) is not None:
                         existing.append(real)
                 existing.append(path)
-        missing_dirs += [top / n for n in _DIR_PLACEHOLDERS if not os.path.lexists(top / n)]
-        missing_files += [top / n for n in _FILE_PLACEHOLDERS if not os.path.lexists(top / n)]
+        missing_files += [
+            top / n for n in (*_ABSENT_DIRS, *_FILE_PLACEHOLDERS) if not os.path.lexists(top / n)
+        ]
         if not os.path.lexists(git):
             missing_dirs.append(git)
     for top in tops:
