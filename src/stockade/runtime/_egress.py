@@ -97,13 +97,19 @@ def _nsswitch() -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def resolver_files(scratch: Path, hostname: str, isolate: bool) -> list[tuple[Path, str]]:
+def resolver_files(
+    scratch: Callable[[], Path], hostname: str, isolate: bool
+) -> list[tuple[Path, str]]:
     """Files to bind read-only over the sandbox's resolver configuration.
 
     Each is bound at the real path of the host's file (``/etc/resolv.conf`` is often a
     symlink into /run; a bind onto a dangling symlink fails). A file the host lacks is
     left alone: glibc, musl, c-ares and Go all default to a nameserver on 127.0.0.1,
     which is stockade's resolver.
+
+    The files are the same for every run on this host: they are kept in stockade's cache
+    (:func:`_resolver_file`), not written into each run's ``scratch`` (called for a
+    directory only when the cache cannot be used).
     """
     hosts = (
         "127.0.0.1\tlocalhost\n"
@@ -120,16 +126,48 @@ def resolver_files(scratch: Path, hostname: str, isolate: bool) -> list[tuple[Pa
         target = os.path.realpath(f"/etc/{name}")
         if text is None or not os.path.isfile(target):
             continue
-        path = scratch / f"etc-{name}"
-        path.write_text(text, encoding="utf-8")
-        path.chmod(0o644)
-        out.append((path, target))
+        out.append((_resolver_file(name, text, scratch), target))
     if not isolate:
         for sock in RESOLVER_SOCKETS:
             with contextlib.suppress(OSError):
                 if stat.S_ISSOCK(os.stat(sock).st_mode):
                     out.append((Path("/dev/null"), sock))
     return out
+
+
+def _resolver_file(name: str, text: str, scratch: Callable[[], Path]) -> Path:
+    """A file holding ``text``, named by its digest in stockade's cache.
+
+    Writing three files into each run's scratch directory (and removing them and the
+    directory again) cost about half a millisecond of every run on an ext4 disk. The
+    cache is one of stockade's trust roots, read-only in every sandbox (and the file is
+    bound read-only besides); its content is checked before each use and written anew
+    (to a temporary name, then renamed) when it differs. Where the cache cannot be
+    written, the file goes into ``scratch()`` as before.
+    """
+    from stockade import _build
+    from stockade._hash import sha256_hex
+
+    data = text.encode("utf-8")
+    cached = _build.cache_dir() / "resolver" / f"{sha256_hex(data)[:16]}-{name}"
+    try:
+        with open(cached, "rb") as f:
+            if f.read(len(data) + 1) == data:
+                return cached
+    except OSError:
+        pass
+    try:
+        cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = cached.with_name(f".{cached.name}.{os.getpid()}-{threading.get_ident()}")
+        partial.write_bytes(data)
+        partial.chmod(0o644)
+        os.replace(partial, cached)
+        return cached
+    except OSError:
+        path = scratch() / f"etc-{name}"
+        path.write_bytes(data)
+        path.chmod(0o644)
+        return path
 
 
 def inspects(policy: Policy) -> bool:
@@ -152,11 +190,16 @@ class EgressPlan:
         self,
         policy: Policy,
         caller_env: Mapping[str, str],
-        scratch: Path,
+        scratch: Path | Callable[[], Path],
         inside_dir: str | None,
         approvals: ApprovalBroker | None = None,
     ) -> None:
         self.policy = policy
+
+        def where() -> Path:
+            # The run's scratch directory, made only when something is written into it.
+            return scratch() if callable(scratch) else scratch
+
         #: grants, live changes and asks shared by the runs (None: the policy, fixed)
         self.approvals = approvals
         self.rules = (
@@ -177,7 +220,7 @@ class EgressPlan:
             reserved = {PROXY_PORT, DNS_PORT}
             self.capture_ports = tuple(p for p in self.rules.capture_ports() if p not in reserved)
             hostname = "stockade" if inside_dir else socket.gethostname()
-            self.files += resolver_files(scratch, hostname, isolate=inside_dir is not None)
+            self.files += resolver_files(where, hostname, isolate=inside_dir is not None)
         self._ca: Any = None
         self._store: Any = None
         if inspects(policy):
@@ -189,7 +232,7 @@ class EgressPlan:
             )
 
             self._ca = CertificateAuthority.ephemeral()
-            bundle = write_trust_bundle(self._ca, scratch / "ca-bundle.pem", self.caller_trust)
+            bundle = write_trust_bundle(self._ca, where() / "ca-bundle.pem", self.caller_trust)
             inside = f"{inside_dir}/ca-bundle.pem" if inside_dir else str(bundle)
             self.files.append((bundle, inside))
             self.env.update(trust_environment(inside))

@@ -186,7 +186,7 @@ def _execute(
                     egress_plan = EgressPlan(
                         policy,
                         caller_env,
-                        tmp.path,
+                        lambda: tmp.path,
                         bubblewrap.STOCKADE_DIR if layers.container and not landlock else None,
                         approvals=approval,
                     )
