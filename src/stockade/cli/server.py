@@ -471,6 +471,11 @@ def _fork_spare(
         # spare is forked anew after every run, so this is as fresh as the server's own.
         mine = _context("self")
         _copy_in_advance(listener)
+        # The run's background thread (stockade._background), started while no caller
+        # waits: a thread's start waits until it has run.
+        from stockade import _background
+
+        _background.submit(lambda: None)
         conn, _ = listener.accept()
         listener.close()
         stale = _stale(watched)
