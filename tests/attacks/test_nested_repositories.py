@@ -125,3 +125,57 @@ def test_repositories_the_run_did_not_touch_keep_their_configuration(world: Worl
     _host_git(world, granted / "r", "status")
     assert not marker.exists()
     assert _host_git(world, granted / "r", "log", "--format=%s").stdout.split() == ["inside"]
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_a_killed_runs_repositories_are_swept_before_the_next_run_starts(
+    world: World, served: bool
+) -> None:
+    """A run killed outright (SIGKILL to stockade, or to the caller of a served run, whose
+    worker then kills itself) never reaches its end-of-run sweep. The next run of the
+    workspace sweeps what it left, before its own sandbox starts: the repository the
+    killed sandbox made runs nothing on the host from then on, and keeps its history."""
+    import os
+    import signal
+    import time
+
+    marker = world.root / "HOST-RAN"
+    env = dict(_git_env(world), STOCKADE_SERVER="1" if served else "0")
+    if served:
+        env.pop("STOCKADE_SERVER")
+    killed = subprocess.Popen(
+        [*world.command, "run", "--", "sh", "-c",
+         f"mkdir sub && cd sub && touch f && {_plant(marker)} && touch ../planted && sleep 60"],
+        cwd=world.workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (world.workspace / "planted").exists():
+        assert killed.poll() is None, killed.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate(timeout=30)
+    sub = world.workspace / "sub"
+    # Left as the sandbox wrote it: nothing swept it at the end of that run.
+    assert "fsmonitor" in (sub / ".git" / "config").read_text()
+    nxt = subprocess.Popen(
+        [*world.command, "run", "--", "sh", "-c", "touch started && sleep 3"],
+        cwd=world.workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (world.workspace / "started").exists():
+        assert nxt.poll() is None, nxt.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # The next run's command is running: the sweep came before it.
+    assert "fsmonitor" not in (sub / ".git" / "config").read_text()
+    for git_args in (("status",), ("st",), ("checkout", "-q", "-b", "x")):
+        _host_git(world, sub, *git_args)
+    assert not marker.exists()
+    _, err = nxt.communicate(timeout=60)
+    assert nxt.returncode == 0, err
+    assert "core.fsmonitor" in err  # said, not silent
+    # the twin: the repository stays, with its history and its remote
+    assert _host_git(world, sub, "log", "--format=%s").stdout.split() == ["inside"]
+    url = _host_git(world, sub, "config", "remote.origin.url").stdout.strip()
+    assert url == "https://x.test/r.git"

@@ -94,6 +94,8 @@ class Claim:
         self.started = time.time()
         self.roots: tuple[Path, ...] = ()
         self.protected: frozenset[Path] = frozenset()
+        #: what :meth:`protect` swept after a run that ended without its own sweep
+        self.leftovers: list[tuple[Path, list[str]]] = []
 
     def protect(
         self,
@@ -118,9 +120,23 @@ class Claim:
             self.roots = (workspace, *(Path(w) for w in writable))
             self.protected = frozenset(protection.existing)
             if not [u for u in _users(self.registry) if u != self.entry.name]:
+                since_file = self.registry / _SINCE
+                try:
+                    left_by = float(since_file.read_text())
+                except (OSError, ValueError):
+                    left_by = None
+                if left_by is not None:
+                    # No run is live, yet the first of the last runs left its start: the
+                    # last of them ended without its sweep (killed, or its caller was, as
+                    # a served run's is then). What it made or changed below the roots
+                    # is its sandbox's own configuration on the host until swept: now,
+                    # before this run's sandbox starts, not at this run's end.
+                    # (This run's protected set says nothing of what that run could
+                    # write: a repository it made is protected from this run on.)
+                    self.leftovers = self._sweep(left_by, workspace=True, protected=False)
                 # the first of the runs that will share this workspace: the sweep of the
                 # last one out looks at everything made since this one began
-                (self.registry / _SINCE).write_text(repr(self.started))
+                since_file.write_text(repr(self.started))
             return protection
 
     def sweep_repositories(self, *, workspace: bool = True) -> list[tuple[Path, list[str]]]:
@@ -129,8 +145,6 @@ class Claim:
         the last one of the workspace; [] while another still runs (it sweeps, and
         meanwhile its sandbox could still write there). ``workspace``: whether the
         workspace itself was writable (an overlay run's was not)."""
-        from stockade.runtime import _newrepo
-
         with _locked(self.registry):
             if [u for u in _users(self.registry) if u != self.entry.name]:
                 return []
@@ -139,18 +153,26 @@ class Claim:
                 since = min(float(since_file.read_text()), self.started)
             except (OSError, ValueError):
                 since = self.started
-            roots = self.roots if workspace else self.roots[1:]
-            # The workspace's own .git is protected, or staged and adopted already;
-            # protected git directories (their config bound read-only) were not writable.
-            skip = {self.workspace / ".git"} | {
-                p.parent for p in self.protected if p.name == "config"
-            }
-            # File timestamps come from the kernel's coarse clock, which may trail
-            # time.time() by a tick (a few ms); ``started`` was taken before the sandbox
-            # existed, so a small margin loses nothing the sandbox did.
-            found = _newrepo.sweep(roots, since - _CLOCK_MARGIN, skip)
+            found = self._sweep(since, workspace=workspace, protected=True)
             since_file.unlink(missing_ok=True)
             return found
+
+    def _sweep(
+        self, since: float, *, workspace: bool, protected: bool
+    ) -> list[tuple[Path, list[str]]]:
+        """Sweep below the roots from ``since``; ``protected``: skip the git directories
+        this run protected (their config bound read-only: not writable in it)."""
+        from stockade.runtime import _newrepo
+
+        roots = self.roots if workspace else self.roots[1:]
+        # The workspace's own .git is protected, or staged and adopted already.
+        skip = {self.workspace / ".git"}
+        if protected:
+            skip |= {p.parent for p in self.protected if p.name == "config"}
+        # File timestamps come from the kernel's coarse clock, which may trail
+        # time.time() by a tick (a few ms); ``started`` was taken before the sandbox
+        # existed, so a small margin loses nothing the sandbox did.
+        return _newrepo.sweep(roots, since - _CLOCK_MARGIN, skip)
 
     def make(self, protection: paths.Protection) -> None:
         """Make the placeholders ``protect(..., defer=True)`` listed; OSError when one

@@ -239,6 +239,9 @@ def _execute(
                 tuple(egress_plan.files) if egress_plan else (),
                 ll,
             )
+            if held.claim is not None:
+                # what a killed run of this workspace left unswept, swept before this one
+                _report_swept(held.claim.leftovers, audit, report)
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
             if plan.overlay:
@@ -635,6 +638,13 @@ def _sweep_repositories(
     except OSError as exc:
         report(f"stockade: warning: the repositories below the workspace were not checked: {exc}")
         return
+    _report_swept(found, audit, report)
+
+
+def _report_swept(
+    found: list[tuple[Path, list[str]]], audit: AuditLog, report: Callable[[str], None]
+) -> None:
+    """Log each repository a sweep sanitized, and say what it dropped."""
     for repository, dropped in found:
         audit.emit(
             "git_repository_sanitized",
