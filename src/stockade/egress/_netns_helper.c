@@ -39,6 +39,7 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -60,25 +61,25 @@ static const char *step = "start";
 
 /* Report "ERR <step>: <reason>" on the channel and exit. */
 static void fail(int err) {
-    char msg[512];
-    int n = snprintf(msg, sizeof msg, "ERR %s: %s", step, strerror(err));
-    if (n > 0) {
-        if (n >= (int)sizeof msg)
-            n = sizeof msg - 1;
-        (void)!write(CHANNEL, msg, (size_t)n);
-    }
-    _exit(1);
+	char msg[512];
+	int n = snprintf(msg, sizeof msg, "ERR %s: %s", step, strerror(err));
+	if (n > 0) {
+		if (n >= (int)sizeof msg)
+			n = sizeof msg - 1;
+		(void)!write(CHANNEL, msg, (size_t)n);
+	}
+	_exit(1);
 }
 
 static int number(const char *text, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *text == '\0' || *end != '\0' || v < lo || v > hi) {
-        step = "arguments";
-        fail(EINVAL);
-    }
-    return (int)v;
+	char *end;
+	errno = 0;
+	long v = strtol(text, &end, 10);
+	if (errno || *text == '\0' || *end != '\0' || v < lo || v > hi) {
+		step = "arguments";
+		fail(EINVAL);
+	}
+	return (int)v;
 }
 
 /* bubblewrap brings lo up in the new namespace concurrently with us: binding 127.0.0.1
@@ -86,266 +87,261 @@ static int number(const char *text, long lo, long hi) {
  * bubblewrap's own request fail). Wait for it, up to 4 s: less than the 5 s the spawner
  * waits for an answer, so that it hears which step failed. */
 static void wait_for_loopback(void) {
-    int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (probe < 0)
-        fail(errno);
-    struct ifreq req;
-    memset(&req, 0, sizeof req);
-    strncpy(req.ifr_name, "lo", IFNAMSIZ - 1);
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (;;) {
-        if (ioctl(probe, SIOCGIFFLAGS, &req) < 0)
-            fail(errno);
-        if (req.ifr_flags & IFF_UP) {
-            close(probe);
-            return;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - start.tv_sec >= 4)
-            fail(ENETDOWN);
-        struct timespec pause = {0, 200000};
-        nanosleep(&pause, NULL);
-    }
+	int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		fail(errno);
+	struct ifreq req;
+	memset(&req, 0, sizeof req);
+	strncpy(req.ifr_name, "lo", IFNAMSIZ - 1);
+	struct timespec start, now;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		if (ioctl(probe, SIOCGIFFLAGS, &req) < 0)
+			fail(errno);
+		if (req.ifr_flags & IFF_UP) {
+			close(probe);
+			return;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - start.tv_sec >= 4)
+			fail(ENETDOWN);
+		struct timespec pause = {0, 200000};
+		nanosleep(&pause, NULL);
+	}
 }
 
-/* One rtnetlink request: the error its ACK carries (0, or a negative errno; EEXIST
- * counts as done). A failure to talk to the kernel at all ends the helper. */
-static int netlink(void *message, size_t len) {
-    int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-    if (nl < 0)
-        fail(errno);
-    if (send(nl, message, len, 0) != (ssize_t)len)
-        fail(errno);
-    char answer[4096];
-    ssize_t n = recv(nl, answer, sizeof answer, 0);
-    if (n < 0)
-        fail(errno);
-    close(nl);
-    struct nlmsghdr *h = (struct nlmsghdr *)answer;
-    if ((size_t)n < sizeof *h + sizeof(struct nlmsgerr) || h->nlmsg_type != NLMSG_ERROR)
-        fail(EPROTO);
-    int error = ((struct nlmsgerr *)NLMSG_DATA(h))->error;
-    return error == -EEXIST ? 0 : error;
+/* One rtnetlink request of ``type`` that creates something (``message`` starts with its
+ * header, which is filled in here): the error its ACK carries (0, or a negative errno;
+ * EEXIST counts as done). A failure to talk to the kernel at all ends the helper. */
+static int netlink(void *message, size_t len, unsigned short type) {
+	struct nlmsghdr *request = message;
+	request->nlmsg_len = (unsigned)len;
+	request->nlmsg_type = type;
+	request->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+	request->nlmsg_seq = 1;
+	int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (nl < 0)
+		fail(errno);
+	if (send(nl, message, len, 0) != (ssize_t)len)
+		fail(errno);
+	char answer[4096];
+	ssize_t n = recv(nl, answer, sizeof answer, 0);
+	if (n < 0)
+		fail(errno);
+	close(nl);
+	struct nlmsghdr *h = (struct nlmsghdr *)answer;
+	if ((size_t)n < sizeof *h + sizeof(struct nlmsgerr) || h->nlmsg_type != NLMSG_ERROR)
+		fail(EPROTO);
+	int error = ((struct nlmsgerr *)NLMSG_DATA(h))->error;
+	return error == -EEXIST ? 0 : error;
 }
 
 struct attr_int {
-    struct rtattr rta;
-    int value;
+	struct rtattr rta;
+	int value;
 };
 
 /* "local <family default> dev lo" in the local table (AnyIP: every destination is local,
  * so a connection to any address reaches a capture listener). Returns 0, or -1 when the
  * family is off in this kernel (IPv6 destinations then stay unreachable). */
 static int add_local_default(int family, int lo) {
-    struct {
-        struct nlmsghdr h;
-        struct rtmsg r;
-        struct attr_int oif;
-    } m;
-    memset(&m, 0, sizeof m);
-    m.h.nlmsg_len = sizeof m;
-    m.h.nlmsg_type = RTM_NEWROUTE;
-    m.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-    m.h.nlmsg_seq = 1;
-    m.r.rtm_family = (unsigned char)family;
-    m.r.rtm_table = RT_TABLE_LOCAL;
-    m.r.rtm_protocol = RTPROT_STATIC;
-    m.r.rtm_scope = RT_SCOPE_HOST;
-    m.r.rtm_type = RTN_LOCAL;
-    m.oif.rta.rta_len = sizeof m.oif;
-    m.oif.rta.rta_type = RTA_OIF;
-    m.oif.value = lo;
-    int error = netlink(&m, sizeof m);
-    if (error == 0)
-        return 0;
-    if (family == AF_INET6 && (error == -EAFNOSUPPORT || error == -EOPNOTSUPP))
-        return -1;
-    fail(-error);
-    return -1;
+	struct {
+		struct nlmsghdr h;
+		struct rtmsg r;
+		struct attr_int oif;
+	} m;
+	memset(&m, 0, sizeof m);
+	m.r.rtm_family = (unsigned char)family;
+	m.r.rtm_table = RT_TABLE_LOCAL;
+	m.r.rtm_protocol = RTPROT_STATIC;
+	m.r.rtm_scope = RT_SCOPE_HOST;
+	m.r.rtm_type = RTN_LOCAL;
+	m.oif.rta.rta_len = sizeof m.oif;
+	m.oif.rta.rta_type = RTA_OIF;
+	m.oif.value = lo;
+	int error = netlink(&m, sizeof m, RTM_NEWROUTE);
+	if (error == 0)
+		return 0;
+	if (family == AF_INET6 && (error == -EAFNOSUPPORT || error == -EOPNOTSUPP))
+		return -1;
+	fail(-error);
+	return -1;
 }
 
 /* The pool's network address on lo (RTM_NEWADDR, IFA_LOCAL and IFA_ADDRESS). */
 static void add_pool_address(struct in_addr pool, int prefix, int lo) {
-    struct {
-        struct nlmsghdr h;
-        struct ifaddrmsg a;
-        struct rtattr local;
-        struct in_addr local_addr;
-        struct rtattr address;
-        struct in_addr address_addr;
-    } m;
-    memset(&m, 0, sizeof m);
-    m.h.nlmsg_len = sizeof m;
-    m.h.nlmsg_type = RTM_NEWADDR;
-    m.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-    m.h.nlmsg_seq = 1;
-    m.a.ifa_family = AF_INET;
-    m.a.ifa_prefixlen = (unsigned char)prefix;
-    m.a.ifa_scope = RT_SCOPE_HOST;
-    m.a.ifa_index = (unsigned)lo;
-    m.local.rta_len = RTA_LENGTH(sizeof(struct in_addr));
-    m.local.rta_type = IFA_LOCAL;
-    m.local_addr = pool;
-    m.address.rta_len = RTA_LENGTH(sizeof(struct in_addr));
-    m.address.rta_type = IFA_ADDRESS;
-    m.address_addr = pool;
-    int error = netlink(&m, sizeof m);
-    if (error != 0)
-        fail(-error);
+	struct {
+		struct nlmsghdr h;
+		struct ifaddrmsg a;
+		struct rtattr local;
+		struct in_addr local_addr;
+		struct rtattr address;
+		struct in_addr address_addr;
+	} m;
+	memset(&m, 0, sizeof m);
+	m.a.ifa_family = AF_INET;
+	m.a.ifa_prefixlen = (unsigned char)prefix;
+	m.a.ifa_scope = RT_SCOPE_HOST;
+	m.a.ifa_index = (unsigned)lo;
+	m.local.rta_len = RTA_LENGTH(sizeof(struct in_addr));
+	m.local.rta_type = IFA_LOCAL;
+	m.local_addr = pool;
+	m.address.rta_len = RTA_LENGTH(sizeof(struct in_addr));
+	m.address.rta_type = IFA_ADDRESS;
+	m.address_addr = pool;
+	int error = netlink(&m, sizeof m, RTM_NEWADDR);
+	if (error != 0)
+		fail(-error);
+}
+
+/* Bind ``s`` to an IPv4 address (host order) and port; the helper ends on failure. */
+static void bind4(int s, uint32_t address, int port) {
+	struct sockaddr_in a;
+	memset(&a, 0, sizeof a);
+	a.sin_family = AF_INET;
+	a.sin_port = htons((unsigned short)port);
+	a.sin_addr.s_addr = htonl(address);
+	if (bind(s, (struct sockaddr *)&a, sizeof a) < 0)
+		fail(errno);
 }
 
 static int listener4(int type, int port, int backlog) {
-    int s = socket(AF_INET, type | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        fail(errno);
-    int one = 1;
-    if (type == SOCK_STREAM && setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-        fail(errno);
-    if (type == SOCK_DGRAM) {
-        int size = DNS_RCVBUF;
-        /* a burst of queries is queued, not dropped */
-        if (setsockopt(s, SOL_SOCKET, SO_RCVBUF, &size, sizeof size) < 0)
-            fail(errno);
-    }
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((unsigned short)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) < 0)
-        fail(errno);
-    if (type == SOCK_STREAM && listen(s, backlog) < 0)
-        fail(errno);
-    return s;
+	int s = socket(AF_INET, type | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		fail(errno);
+	int one = 1;
+	if (type == SOCK_STREAM && setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+		fail(errno);
+	if (type == SOCK_DGRAM) {
+		int size = DNS_RCVBUF;
+		/* a burst of queries is queued, not dropped */
+		if (setsockopt(s, SOL_SOCKET, SO_RCVBUF, &size, sizeof size) < 0)
+			fail(errno);
+	}
+	bind4(s, INADDR_LOOPBACK, port);
+	if (type == SOCK_STREAM && listen(s, backlog) < 0)
+		fail(errno);
+	return s;
 }
 
 /* A listener on every address: dual-stack IPv6 (IPv4 arrives as ::ffff:a.b.c.d), or IPv4
  * alone where the kernel has no IPv6. */
 static int capture_listener(int port) {
-    int one = 1, zero = 0;
-    int s = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0) {
-        if (setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0 ||
-            setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-            fail(errno);
-        struct sockaddr_in6 a;
-        memset(&a, 0, sizeof a);
-        a.sin6_family = AF_INET6;
-        a.sin6_port = htons((unsigned short)port);
-        a.sin6_addr = in6addr_any;
-        if (bind(s, (struct sockaddr *)&a, sizeof a) < 0)
-            fail(errno);
-    } else {
-        s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (s < 0)
-            fail(errno);
-        if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-            fail(errno);
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_port = htons((unsigned short)port);
-        a.sin_addr.s_addr = htonl(INADDR_ANY);
-        if (bind(s, (struct sockaddr *)&a, sizeof a) < 0)
-            fail(errno);
-    }
-    if (listen(s, 1024) < 0)
-        fail(errno);
-    return s;
+	int one = 1, zero = 0;
+	int s = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0) {
+		s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+			fail(errno);
+		bind4(s, INADDR_ANY, port);
+	} else {
+		if (setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0 ||
+			setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+			fail(errno);
+		struct sockaddr_in6 a;
+		memset(&a, 0, sizeof a);
+		a.sin6_family = AF_INET6;
+		a.sin6_port = htons((unsigned short)port);
+		a.sin6_addr = in6addr_any;
+		if (bind(s, (struct sockaddr *)&a, sizeof a) < 0)
+			fail(errno);
+	}
+	if (listen(s, 1024) < 0)
+		fail(errno);
+	return s;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 8) {
-        step = "arguments";
-        fail(EINVAL);
-    }
-    int userns = number(argv[1], 0, 1);
-    /* Nothing of the spawner's but ours: a descriptor that was not close-on-exec in a
-     * threaded parent must not ride into the sandbox's namespace. */
-    unsigned first = userns ? USER_FD + 1 : USER_FD;
-    if (syscall(SYS_close_range, first, ~0U, 0) < 0)
-        for (int fd = (int)first; fd < 1024; fd++)
-            close(fd);
-    int port = number(argv[2], 0, 65535);
-    int dns = number(argv[3], 0, 1);
-    int proxy = number(argv[4], 0, 1);
-    int routes = number(argv[5], 0, 1);
-    struct in_addr pool;
-    if (inet_pton(AF_INET, argv[6], &pool) != 1) {
-        step = "arguments";
-        fail(EINVAL);
-    }
-    int prefix = number(argv[7], 1, 32);
-    int ncapture = argc - 8;
-    if (ncapture > MAX_CAPTURE) {
-        step = "arguments";
-        fail(E2BIG);
-    }
-    int fds[MAX_FDS], nfds = 0;
+	if (argc < 8) {
+		step = "arguments";
+		fail(EINVAL);
+	}
+	int userns = number(argv[1], 0, 1);
+	/* Nothing of the spawner's but ours: a descriptor that was not close-on-exec in a
+	 * threaded parent must not ride into the sandbox's namespace. */
+	unsigned first = userns ? USER_FD + 1 : USER_FD;
+	if (syscall(SYS_close_range, first, ~0U, 0) < 0)
+		for (int fd = (int)first; fd < 1024; fd++)
+			close(fd);
+	int port = number(argv[2], 0, 65535);
+	int dns = number(argv[3], 0, 1);
+	int proxy = number(argv[4], 0, 1);
+	int routes = number(argv[5], 0, 1);
+	struct in_addr pool;
+	if (inet_pton(AF_INET, argv[6], &pool) != 1) {
+		step = "arguments";
+		fail(EINVAL);
+	}
+	int prefix = number(argv[7], 1, 32);
+	int ncapture = argc - 8;
+	if (ncapture > MAX_CAPTURE) {
+		step = "arguments";
+		fail(E2BIG);
+	}
+	int fds[MAX_FDS], nfds = 0;
 
-    step = "setns(user)";
-    if (userns && setns(USER_FD, CLONE_NEWUSER) < 0)
-        fail(errno);
-    step = "setns(net)";
-    if (setns(NET_FD, CLONE_NEWNET) < 0)
-        fail(errno);
-    step = "wait for lo";
-    wait_for_loopback();
-    int lo = (int)if_nametoindex("lo");
-    if (lo == 0)
-        fail(errno);
-    if (ncapture > 0 && routes) {
-        step = "route add local 0.0.0.0/0 dev lo";
-        add_local_default(AF_INET, lo);
-        step = "route add local ::/0 dev lo";
-        add_local_default(AF_INET6, lo);
-    }
-    char where[64];
-    if (dns) {
-        step = "address add pool dev lo";
-        add_pool_address(pool, prefix, lo);
-    }
-    if (proxy) {
-        snprintf(where, sizeof where, "bind 127.0.0.1:%d", port);
-        step = where;
-        fds[nfds++] = listener4(SOCK_STREAM, port, 1024);
-    }
-    if (dns) {
-        step = "bind udp 127.0.0.1:53";
-        fds[nfds++] = listener4(SOCK_DGRAM, DNS_PORT, 0);
-        step = "bind tcp 127.0.0.1:53";
-        fds[nfds++] = listener4(SOCK_STREAM, DNS_PORT, 128);
-    }
-    for (int i = 0; i < ncapture; i++) {
-        int p = number(argv[8 + i], 1, 65535);
-        snprintf(where, sizeof where, "bind [::]:%d", p);
-        step = where;
-        fds[nfds++] = capture_listener(p);
-    }
+	step = "setns(user)";
+	if (userns && setns(USER_FD, CLONE_NEWUSER) < 0)
+		fail(errno);
+	step = "setns(net)";
+	if (setns(NET_FD, CLONE_NEWNET) < 0)
+		fail(errno);
+	step = "wait for lo";
+	wait_for_loopback();
+	int lo = (int)if_nametoindex("lo");
+	if (lo == 0)
+		fail(errno);
+	if (ncapture > 0 && routes) {
+		step = "route add local 0.0.0.0/0 dev lo";
+		add_local_default(AF_INET, lo);
+		step = "route add local ::/0 dev lo";
+		add_local_default(AF_INET6, lo);
+	}
+	char where[64];
+	if (dns) {
+		step = "address add pool dev lo";
+		add_pool_address(pool, prefix, lo);
+	}
+	if (proxy) {
+		snprintf(where, sizeof where, "bind 127.0.0.1:%d", port);
+		step = where;
+		fds[nfds++] = listener4(SOCK_STREAM, port, 1024);
+	}
+	if (dns) {
+		step = "bind udp 127.0.0.1:53";
+		fds[nfds++] = listener4(SOCK_DGRAM, DNS_PORT, 0);
+		step = "bind tcp 127.0.0.1:53";
+		fds[nfds++] = listener4(SOCK_STREAM, DNS_PORT, 128);
+	}
+	for (int i = 0; i < ncapture; i++) {
+		int p = number(argv[8 + i], 1, 65535);
+		snprintf(where, sizeof where, "bind [::]:%d", p);
+		step = where;
+		fds[nfds++] = capture_listener(p);
+	}
 
-    step = "send fds";
-    char ok[2] = {'O', 'K'};
-    struct iovec iov = {ok, sizeof ok};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (nfds > 0) {
-        msg.msg_control = control.buf;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    if (sendmsg(CHANNEL, &msg, 0) < 0)
-        fail(errno);
-    return 0;
+	step = "send fds";
+	char ok[2] = {'O', 'K'};
+	struct iovec iov = {ok, sizeof ok};
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+		struct cmsghdr align;
+	} control;
+	memset(&control, 0, sizeof control);
+	struct msghdr msg;
+	memset(&msg, 0, sizeof msg);
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	if (nfds > 0) {
+		msg.msg_control = control.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+	}
+	if (sendmsg(CHANNEL, &msg, 0) < 0)
+		fail(errno);
+	return 0;
 }
