@@ -327,6 +327,10 @@ def serve(path: str, idle: float) -> int:
         return EXIT_STOCKADE_ERROR
     # Started by the compiled front end on first use (docs/server.md), not by hand.
     auto = os.environ.pop("STOCKADE_SERVER_AUTOSTART", None) == "1"
+    global _touched
+    _touched = sock_path.with_suffix(".touched")
+    with contextlib.suppress(FileNotFoundError):
+        _touched.unlink()  # another server's memory: nothing of this one
     watched = _warm(sock_path.parent)
     # Workers are forks: keep the collector from walking (and so copying) every page
     # of the warm heap in each of them.
@@ -494,27 +498,55 @@ def _fork_spare(
 #: madvise(2): fault a range in writable, as a write to each page would (Linux 5.14)
 _MADV_POPULATE_WRITE = 23
 #: a /proc/self/pagemap entry's last byte -> b"1" when the page is present (bit 63) and
-#: not mapped by this process alone (bit 56): a page it still shares with the server
-_SHARED = bytes(0x31 if byte & 0x81 == 0x80 else 0x30 for byte in range(256))
+#: mapped by this process alone (bit 56): a page a worker made its own
+_OWN = bytes(0x31 if byte & 0x81 == 0x81 else 0x30 for byte in range(256))
+#: where a worker writes down the pages its run made its own, for the next spare (set
+#: by :func:`serve`; the spares and workers it forks inherit it)
+_touched: Path | None = None
 
 
 def _copy_in_advance(listener: socket.socket) -> None:
-    """Take the copy-on-write faults of the server's memory now, while no caller waits.
+    """Take the copy-on-write faults of the next run now, while no caller waits.
 
     A worker is a fork of the warm server: each page a run writes to (the Python heap
     above all, where reading an object changes its reference count) is copied at its
     first write. That was about 900 faults, some 2 ms, on the path of every served run.
-    The waiting spare copies the pages it shares with the server in advance
-    (``MADV_POPULATE_WRITE`` on the pages ``/proc/self/pagemap`` shows present and not
-    its alone), a mapping at a time, and stops as soon as a caller waits: it never
-    delays one. Pages the server never touched are left alone (nothing is allocated
-    that was not in use), and any failure (an older kernel) only means no head start.
+    Each worker writes down the pages its run made its own (:func:`_record_touched`),
+    and the next spare copies those in advance (``MADV_POPULATE_WRITE``, which keeps
+    their content), stopping as soon as a caller waits: it never delays one. Only what
+    a run used is copied (a few MB, about a millisecond), not the server's whole heap;
+    with no record yet (the server's first spare) nothing is. A failure (an older
+    kernel, a range this spare does not map) only means less of a head start.
     """
+    import array
     import ctypes
-    import re
 
+    if _touched is None:
+        return
+    try:
+        ranges = array.array("Q", _touched.read_bytes())
+    except (OSError, ValueError):
+        return
     lib = libc()
     page = os.sysconf("SC_PAGE_SIZE")
+    for i in range(0, len(ranges) - 1, 2):
+        if i % 64 == 0 and select.select([listener], [], [], 0)[0]:
+            return
+        start, count = ctypes.c_void_p(ranges[i]), ctypes.c_size_t(ranges[i + 1] * page)
+        lib.madvise(start, count, _MADV_POPULATE_WRITE)
+
+
+def _record_touched() -> None:
+    """Write down, for the next spare, the pages of this process's private writable
+    memory that are its own now (present and not shared with the server): what its run
+    copied or allocated. After the caller has its exit status, so never on its path."""
+    import array
+    import re
+
+    if _touched is None:
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    ranges = array.array("Q")
     try:
         with open("/proc/self/maps") as f:
             maps = f.read().splitlines()
@@ -530,15 +562,13 @@ def _copy_in_advance(listener: socket.socket) -> None:
             # stack, nor the kernel's [vvar] and [vdso].
             if perms[:2] != "rw" or perms[3:4] != "p" or (name[:1] == "[" and name != "[heap]"):
                 continue
-            if select.select([listener], [], [], 0)[0]:
-                return
             low, high = (int(x, 16) for x in fields[0].split("-"))
             entries = os.pread(pagemap, (high - low) // page * 8, low // page * 8)
-            for shared in re.finditer(b"1+", entries[7::8].translate(_SHARED)):
-                start = ctypes.c_void_p(low + shared.start() * page)
-                length = ctypes.c_size_t((shared.end() - shared.start()) * page)
-                if lib.madvise(start, length, _MADV_POPULATE_WRITE) != 0:
-                    return
+            for own in re.finditer(b"1+", entries[7::8].translate(_OWN)):
+                ranges.extend((low + own.start() * page, own.end() - own.start()))
+        partial = _touched.with_name(f".{_touched.name}.{os.getpid()}")
+        partial.write_bytes(ranges.tobytes())
+        os.replace(partial, _touched)
     except (OSError, ValueError):
         return
     finally:
@@ -698,6 +728,7 @@ def parse_request(payload: bytes) -> Request:
 def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news: int) -> NoReturn:
     """Serve one request in this forked process, then exit; never returns."""
     code = 125
+    request: tuple[Request, list[int]] | None = None
     try:
         # The parent's handlers (stop the server) must not run here.
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -705,7 +736,6 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
         os.setsid()  # out of the server's session: the caller's signals come by message
         pid = _client.peer_credentials(conn)[0]
         why = context_difference(pid, mine)
-        request = None
         if why is None:
             try:
                 conn.sendall(_client.HELLO)  # only now does the caller send its request
@@ -744,6 +774,8 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
             sys.stderr.flush()
         with contextlib.suppress(OSError):
             conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
+        if request is not None:
+            _record_touched()
         _done(news)
 
 
