@@ -249,9 +249,7 @@ def test_a_launcher_replaced_on_disk_is_rebuilt_not_run(world: World, kernel: No
     assert not launcher.read_bytes().startswith(b"#!")
 
 
-def test_a_network_helper_replaced_on_disk_is_rebuilt_not_run(
-    world: World, kernel: None
-) -> None:
+def test_a_network_helper_replaced_on_disk_is_rebuilt_not_run(world: World, kernel: None) -> None:
     """The network namespace helper runs on the host, with the user's own rights: a copy
     changed on disk (by a tool or an earlier run that could write the cache) would be
     code run on the host at the next run's start. It is rebuilt from source instead; the
