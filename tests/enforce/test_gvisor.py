@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,33 @@ def test_inside_gvisor() -> None:
     assert gvisor.inside_gvisor(fake)
     assert gvisor.inside_gvisor("Linux version 6.1.0 (debian)", dmesg="[ 0.0] Starting gVisor...")
     assert not gvisor.inside_gvisor("Linux version 6.18.0 (gcc 12) #1 SMP\n")
+
+
+def test_the_entry_imports_only_what_it_needs() -> None:
+    """The entry runs before runsc starts: ``signal`` and ``socket`` (enum, selectors)
+    would add some 4 ms to every gVisor run; ``_signal`` and libc's socket() do the same
+    work (runtime/test_gvisor_run.py runs the entry itself: signals forwarded, the
+    loopback up for the proxy)."""
+    import ast
+
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(gvisor.ENTRY_SCRIPT))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert imported == {"_signal", "ctypes", "fcntl", "os", "struct", "sys"}
+    with_them = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            "import _signal, ctypes, fcntl, os, struct, sys; print(' '.join(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "enum" not in with_them
+    assert "socket" not in with_them
