@@ -28,6 +28,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -327,10 +328,6 @@ def serve(path: str, idle: float) -> int:
         return EXIT_STOCKADE_ERROR
     # Started by the compiled front end on first use (docs/server.md), not by hand.
     auto = os.environ.pop("STOCKADE_SERVER_AUTOSTART", None) == "1"
-    global _touched
-    _touched = sock_path.with_suffix(".touched")
-    with contextlib.suppress(FileNotFoundError):
-        _touched.unlink()  # another server's memory: nothing of this one
     watched = _warm(sock_path.parent)
     # Workers are forks: keep the collector from walking (and so copying) every page
     # of the warm heap in each of them.
@@ -474,7 +471,6 @@ def _fork_spare(
         # What the worker's runs will be confined by, read before a caller waits: a
         # spare is forked anew after every run, so this is as fresh as the server's own.
         mine = _context("self")
-        _copy_in_advance(listener)
         # The run's background thread (stockade._background), started while no caller
         # waits: a thread's start waits until it has run.
         from stockade import _background
@@ -493,86 +489,6 @@ def _fork_spare(
     except BaseException:
         os._exit(1)
     _worker(conn, mine, audit, news_w)  # never returns
-
-
-#: madvise(2): fault a range in writable, as a write to each page would (Linux 5.14)
-_MADV_POPULATE_WRITE = 23
-#: a /proc/self/pagemap entry's last byte -> b"1" when the page is present (bit 63) and
-#: mapped by this process alone (bit 56): a page a worker made its own
-_OWN = bytes(0x31 if byte & 0x81 == 0x81 else 0x30 for byte in range(256))
-#: where a worker writes down the pages its run made its own, for the next spare (set
-#: by :func:`serve`; the spares and workers it forks inherit it)
-_touched: Path | None = None
-
-
-def _copy_in_advance(listener: socket.socket) -> None:
-    """Take the copy-on-write faults of the next run now, while no caller waits.
-
-    A worker is a fork of the warm server: each page a run writes to (the Python heap
-    above all, where reading an object changes its reference count) is copied at its
-    first write. That was about 900 faults, some 2 ms, on the path of every served run.
-    Each worker writes down the pages its run made its own (:func:`_record_touched`),
-    and the next spare copies those in advance (``MADV_POPULATE_WRITE``, which keeps
-    their content), stopping as soon as a caller waits: it never delays one. Only what
-    a run used is copied (a few MB, about a millisecond), not the server's whole heap;
-    with no record yet (the server's first spare) nothing is. A failure (an older
-    kernel, a range this spare does not map) only means less of a head start.
-    """
-    import array
-    import ctypes
-
-    if _touched is None:
-        return
-    try:
-        ranges = array.array("Q", _touched.read_bytes())
-    except (OSError, ValueError):
-        return
-    lib = libc()
-    page = os.sysconf("SC_PAGE_SIZE")
-    for i in range(0, len(ranges) - 1, 2):
-        if i % 64 == 0 and select.select([listener], [], [], 0)[0]:
-            return
-        start, count = ctypes.c_void_p(ranges[i]), ctypes.c_size_t(ranges[i + 1] * page)
-        lib.madvise(start, count, _MADV_POPULATE_WRITE)
-
-
-def _record_touched() -> None:
-    """Write down, for the next spare, the pages of this process's private writable
-    memory that are its own now (present and not shared with the server): what its run
-    copied or allocated. After the caller has its exit status, so never on its path."""
-    import array
-    import re
-
-    if _touched is None:
-        return
-    page = os.sysconf("SC_PAGE_SIZE")
-    ranges = array.array("Q")
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read().splitlines()
-        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        for line in maps:
-            fields = line.split()
-            perms = fields[1] if len(fields) > 1 else ""
-            name = fields[5] if len(fields) > 5 else ""
-            # Private and writable: the heap, anonymous memory, libraries' data; not the
-            # stack, nor the kernel's [vvar] and [vdso].
-            if perms[:2] != "rw" or perms[3:4] != "p" or (name[:1] == "[" and name != "[heap]"):
-                continue
-            low, high = (int(x, 16) for x in fields[0].split("-"))
-            entries = os.pread(pagemap, (high - low) // page * 8, low // page * 8)
-            for own in re.finditer(b"1+", entries[7::8].translate(_OWN)):
-                ranges.extend((low + own.start() * page, own.end() - own.start()))
-        partial = _touched.with_name(f".{_touched.name}.{os.getpid()}")
-        partial.write_bytes(ranges.tobytes())
-        os.replace(partial, _touched)
-    except (OSError, ValueError):
-        return
-    finally:
-        os.close(pagemap)
 
 
 def _set_parent_death_signal(signum: int) -> None:
@@ -772,11 +688,20 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        # The run is over: the caller leaving now (it does, once it has the status) is
+        # no reason to kill this worker (see relay). It tells the server first, so that
+        # the next spare is forked at once: told after, it lost the race with that kill
+        # now and then, and the next caller waited for a fork.
+        _over.set()
+        with contextlib.suppress(OSError):
+            os.write(news, DONE)
         with contextlib.suppress(OSError):
             conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
-        if request is not None:
-            _record_touched()
-        _done(news)
+        os._exit(0)
+
+
+#: set in a worker once its run is over (its exit status is about to be sent)
+_over = threading.Event()
 
 
 def _done(news: int) -> NoReturn:
@@ -850,6 +775,8 @@ def _run_request(conn: socket.socket, request: Request, fds: list[int]) -> int:
             except OSError:
                 data = b""
             if not data:
+                if _over.is_set():
+                    return  # the caller left once it had the exit status: nothing runs
                 os.kill(os.getpid(), signal.SIGKILL)
             pending += data
             while len(pending) >= 2:
