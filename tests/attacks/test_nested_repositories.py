@@ -174,7 +174,8 @@ def test_a_killed_runs_repositories_are_swept_before_the_next_run_starts(
     assert not marker.exists()
     _, err = nxt.communicate(timeout=60)
     assert nxt.returncode == 0, err
-    assert "core.fsmonitor" in err  # said, not silent
+    assert "core.fsmonitor" in err  # said, not silent, and why
+    assert "since a killed run of this workspace began" in err
     # the twin: the repository stays, with its history and its remote
     assert _host_git(world, sub, "log", "--format=%s").stdout.split() == ["inside"]
     url = _host_git(world, sub, "config", "remote.origin.url").stdout.strip()

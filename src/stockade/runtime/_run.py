@@ -241,7 +241,13 @@ def _execute(
             )
             if held.claim is not None:
                 # what a killed run of this workspace left unswept, swept before this one
-                _report_swept(held.claim.leftovers, audit, report)
+                _report_swept(
+                    held.claim.leftovers,
+                    audit,
+                    report,
+                    "made or changed since a killed run of this workspace began (its "
+                    "sandbox could write there; a change of yours since then counts too)",
+                )
             if terminal.relayed and "TERM" not in child_env:
                 child_env["TERM"] = "xterm"  # it has a terminal: name one
             if plan.overlay:
@@ -642,9 +648,13 @@ def _sweep_repositories(
 
 
 def _report_swept(
-    found: list[tuple[Path, list[str]]], audit: AuditLog, report: Callable[[str], None]
+    found: list[tuple[Path, list[str]]],
+    audit: AuditLog,
+    report: Callable[[str], None],
+    why: str = "made or changed by the sandbox",
 ) -> None:
-    """Log each repository a sweep sanitized, and say what it dropped."""
+    """Log each repository a sweep sanitized, and say what it dropped (and ``why`` the
+    repository was swept)."""
     for repository, dropped in found:
         audit.emit(
             "git_repository_sanitized",
@@ -655,7 +665,7 @@ def _report_swept(
             dropped=dropped,
         )
         if dropped:
-            which = f"the repository at {repository}, made or changed by the sandbox,"
+            which = f"the repository at {repository}, {why},"
             report(_dropped_warning(which, dropped))
 
 
