@@ -9,6 +9,8 @@ on stderr naming the file and the line to add; the twin: a file with it gets no 
 from __future__ import annotations
 
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,31 @@ def test_a_file_with_version_gets_no_note(world: World) -> None:
     proc = world.stockade("check", "--policy", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "version" not in proc.stderr, proc.stderr
+
+
+def test_an_empty_workspace_file_gets_no_note(world: World) -> None:
+    """An empty stockade.toml is what a live run of the workspace holds a missing one with
+    (its placeholder): a second run beside it says nothing about a version. Its twin,
+    a file with content and no version, is noted (above)."""
+    long = subprocess.Popen(
+        [*world.command, "run", "--", "sh", "-c", "touch started; sleep 5"],
+        cwd=world.workspace, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (world.workspace / "started").exists():
+            assert long.poll() is None, long.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        placeholder = world.workspace / "stockade.toml"
+        assert placeholder.is_file()
+        assert placeholder.stat().st_size == 0
+        proc = world.stockade("run", "--", "true")
+        assert proc.returncode == 0, proc.stderr
+        assert "version" not in proc.stderr, proc.stderr
+    finally:
+        long.kill()
+        long.communicate()
 
 
 def test_the_builtin_default_gets_no_note(world: World) -> None:

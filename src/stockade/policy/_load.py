@@ -449,10 +449,12 @@ def _build(
         )
     except PolicyError as exc:
         raise _located(exc, source, text) from None
-    if text is not None and "version" not in raw:
+    if text is not None and text.strip() and "version" not in raw:
         # A file without the key is read as version 1 (the only version), so nothing
         # breaks; the note asks for the line that keeps it readable when a version 2
-        # exists (docs/policy.md, "Versions").
+        # exists (docs/policy.md, "Versions"). An empty file says nothing to version,
+        # and is what a live run of the workspace holds a missing stockade.toml with
+        # (its placeholder): no note, or every concurrent run would print one.
         path = source.removesuffix(" (trusted)")
         hint = (
             f"{path}: no version key; read as version 1. Add the line `version = 1` at the "
