@@ -11,14 +11,27 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 MUST_WORK = os.environ.get("STOCKADE_MUST_WORK") == "1"
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[Any], timeout: float = 60) -> None:
+    """Wait until ``path`` exists (a sandboxed command touched it), while ``proc`` (the
+    stockade run) is still running; fail with its output when it ends first, or after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout:g}s"
+        time.sleep(0.02)
 
 
 def require(ok: bool, reason: str) -> None:

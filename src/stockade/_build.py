@@ -12,6 +12,7 @@ could have written it and its content is the one recorded when it was built
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from stockade import _digests, _roots
 from stockade._exceptions import SandboxError, Unavailable
+from stockade._hash import sha256_hex
 
 
 def cache_dir() -> Path:
@@ -124,3 +126,29 @@ def build(source: bytes, source_name: str, target: Path, what: str) -> Path:
             "make $XDG_STATE_HOME (default ~/.local/state) writable"
         ) from None
     return target
+
+
+@functools.cache
+def shipped_source(source: Path) -> tuple[bytes, str]:
+    """A C source shipped beside its module (package data; importlib.resources would cost
+    ~15 ms to import), and the first 16 hex digits of its sha256. Read once per process:
+    the source is fixed for it."""
+    code = source.read_bytes()
+    return code, sha256_hex(code)[:16]
+
+
+def shipped_path(source: Path, prefix: str) -> Path:
+    """Where the program built from ``source`` lives, built or not: ``<prefix>-<digest>``
+    in :func:`cache_dir`, so a changed source gets a fresh binary and a stale one is never
+    reused. The compiler is not part of the key (the binary is self-contained, and
+    asking ``cc --version`` on every run would cost more than the program does). The
+    cache directory is read from the environment on each call: a warm process may serve
+    another environment."""
+    return cache_dir() / f"{prefix}-{shipped_source(source)[1]}"
+
+
+def build_shipped(source: Path, prefix: str, what: str) -> Path:
+    """The executable built from ``source`` at :func:`shipped_path`, compiled on first use
+    by :func:`build` (which see: static when possible, atomic, reused only when its
+    content is the one recorded)."""
+    return build(shipped_source(source)[0], source.name, shipped_path(source, prefix), what)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.attacks.test_trust_boundary import _git_env
-from tests.conftest import World, as_nobody
+from tests.conftest import World, as_nobody, wait_for_file
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -137,7 +137,6 @@ def test_a_killed_runs_repositories_are_swept_before_the_next_run_starts(
     killed sandbox made runs nothing on the host from then on, and keeps its history."""
     import os
     import signal
-    import time
 
     marker = world.root / "HOST-RAN"
     env = dict(_git_env(world), STOCKADE_SERVER="1" if served else "0")
@@ -148,11 +147,7 @@ def test_a_killed_runs_repositories_are_swept_before_the_next_run_starts(
          f"mkdir sub && cd sub && touch f && {_plant(marker)} && touch ../planted && sleep 60"],
         cwd=world.workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (world.workspace / "planted").exists():
-        assert killed.poll() is None, killed.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_file(world.workspace / "planted", killed)
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate(timeout=30)
     sub = world.workspace / "sub"
@@ -162,11 +157,7 @@ def test_a_killed_runs_repositories_are_swept_before_the_next_run_starts(
         [*world.command, "run", "--", "sh", "-c", "touch started && sleep 3"],
         cwd=world.workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (world.workspace / "started").exists():
-        assert nxt.poll() is None, nxt.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for_file(world.workspace / "started", nxt)
     # The next run's command is running: the sweep came before it.
     assert "fsmonitor" not in (sub / ".git" / "config").read_text()
     for git_args in (("status",), ("st",), ("checkout", "-q", "-b", "x")):

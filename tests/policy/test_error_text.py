@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from stockade import PolicyError
 from stockade.policy import load_policy
 from stockade.policy._text import locate, toml_value
-from tests.conftest import World
+from tests.conftest import World, wait_for_file
 from tests.policy.conftest import user_policy
 
 # (file text, the message after "FILE:LINE: ")
@@ -161,11 +160,7 @@ def test_an_empty_workspace_file_gets_no_note(world: World) -> None:
         cwd=world.workspace, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (world.workspace / "started").exists():
-            assert long.poll() is None, long.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for_file(world.workspace / "started", long)
         placeholder = world.workspace / "stockade.toml"
         assert placeholder.is_file()
         assert placeholder.stat().st_size == 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import select
 import signal
@@ -34,7 +33,6 @@ from pathlib import Path
 
 from stockade import _build
 from stockade._exceptions import SandboxError
-from stockade._hash import sha256_hex
 from stockade._record import field, record
 from stockade.egress.dns._pool import POOL
 
@@ -199,28 +197,15 @@ def split_sockets(socks: list[socket.socket], dns: bool) -> NetnsSockets:
     return out
 
 
-def _source() -> bytes:
-    # Next to this module (package data); importlib.resources would cost ~15 ms to import.
-    return Path(__file__).with_name(_SOURCE_NAME).read_bytes()
-
-
-@functools.cache
-def _source_digest() -> str:
-    return sha256_hex(_source())[:16]
-
-
-def helper_path() -> Path:
-    """Where the helper for this source lives (built or not); named by the source's
-    digest, as the launcher is (enforce/launcher.launcher_path)."""
-    return _build.cache_dir() / f"netns-helper-{_source_digest()}"
+_SOURCE = Path(__file__).with_name(_SOURCE_NAME)
 
 
 def build_helper() -> Path:
-    """The path of an executable helper, compiled on first use (see
-    :func:`stockade._build.build`: static when possible, atomic, reused only when only
-    this user could have written it). Raises :class:`~stockade.Unavailable` without a
-    compiler and :class:`SandboxError` when the compile fails."""
-    return _build.build(_source(), _SOURCE_NAME, helper_path(), "the network namespace helper")
+    """The path of an executable helper, compiled on first use into stockade's cache and
+    named by its source's digest, as the launcher is (:func:`stockade._build.build_shipped`).
+    Raises :class:`~stockade.Unavailable` without a compiler and :class:`SandboxError`
+    when the compile fails."""
+    return _build.build_shipped(_SOURCE, "netns-helper", "the network namespace helper")
 
 
 def _run_helper(

@@ -22,11 +22,9 @@ This module is stdlib-only and imports nothing heavy: it runs on every ``stockad
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from stockade import _build
-from stockade._hash import sha256_hex
 from stockade._memfd import sealed_memfd
 from stockade._record import record
 
@@ -210,27 +208,13 @@ def serialize(spec: LauncherSpec) -> bytes:
     return b"".join(out)
 
 
-def _source() -> bytes:
-    # Next to this module (package data); importlib.resources would cost ~15 ms to import.
-    return Path(__file__).with_name(_SOURCE_NAME).read_bytes()
+_SOURCE = Path(__file__).with_name(_SOURCE_NAME)
 
 
 def launcher_path() -> Path:
-    """Return where the launcher for this source lives (built or not).
-
-    The name carries the first 16 hex digits of sha256(source), so a changed source gets
-    a fresh binary and a stale one is never reused. The compiler is not part of the key:
-    the binary is self-contained, and asking ``cc --version`` on every run would cost more
-    than the whole launcher does.
-    """
-    return _build.cache_dir() / f"launcher-{_source_digest()}"
-
-
-@functools.cache
-def _source_digest() -> str:
-    # The source is fixed for the process; the cache directory is read from the
-    # environment on each call (a warm process may serve another environment).
-    return sha256_hex(_source())[:16]
+    """Return where the launcher for this source lives (built or not): named by the
+    source's digest (:func:`stockade._build.shipped_path`)."""
+    return _build.shipped_path(_SOURCE, "launcher")
 
 
 def build_launcher() -> Path:
@@ -242,7 +226,7 @@ def build_launcher() -> Path:
     Raises :class:`Unavailable` without a compiler and :class:`SandboxError` when the
     compile fails.
     """
-    return _build.build(_source(), _SOURCE_NAME, launcher_path(), "the inner launcher")
+    return _build.build_shipped(_SOURCE, "launcher", "the inner launcher")
 
 
 def prepare(spec: LauncherSpec) -> tuple[list[str], int]:
