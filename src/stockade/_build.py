@@ -24,9 +24,12 @@ from stockade._hash import sha256_hex
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/stockade`` (``~/.cache/stockade`` when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stockade"
+    """``$XDG_CACHE_HOME/stockade`` (``~/.cache/stockade`` when unset): the trust root
+    :func:`stockade._roots.cache_dir` names, which every sandbox gets read-only. (A
+    spelling of its own here took a relative ``XDG_CACHE_HOME`` as given, relative to
+    the working directory, where the trust root ignores it as XDG says: programs run on
+    the host were then built where no sandbox was kept from writing.)"""
+    return _roots.cache_dir()
 
 
 def compiler(what: str) -> str:

@@ -158,9 +158,8 @@ def host_pids(pids: int) -> int:
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/stockade/runsc`` (``~/.cache`` when unset): where
     ``scripts/get-runsc`` puts ``<version>/runsc``."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "stockade" / "runsc"
+    # stockade's cache trust root (read-only in every sandbox), spelt once (_roots)
+    return _roots.cache_dir(env) / "runsc"
 
 
 def find_runsc(env: Mapping[str, str] | None = None) -> Path | None:
