@@ -12,7 +12,7 @@ import asyncio
 import base64
 import os
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -209,10 +209,21 @@ def test_every_encoding_in_every_part_is_refused(tmp_path: Path, part: str) -> N
     run(go())
 
 
+def _unambiguous(encode: Callable[[bytes], bytes]) -> bytes:
+    """Random bytes ``encode``d, drawn again while the text has "//" or begins or ends
+    with "/": base64's "/" travels as %2F, and in a path such a value is an empty segment
+    once decoded, which the proxy refuses (ambiguous-path, a rule of its own with tests
+    of its own). One draw in about twenty did, and the path case then failed."""
+    while True:
+        text = encode(os.urandom(90))
+        if b"//" not in text and not text.startswith(b"/") and not text.endswith(b"/"):
+            return text
+
+
 @pytest.mark.parametrize("part", PARTS)
 def test_unrelated_base64_and_hex_in_every_part_pass(tmp_path: Path, part: str) -> None:
     blobs = {
-        "base64": base64.b64encode(os.urandom(90)),
+        "base64": _unambiguous(base64.b64encode),
         "base64url": base64.urlsafe_b64encode(os.urandom(90)),
         "hex": os.urandom(40).hex().encode(),
         # Printable text: encoded controls are refused in a path whatever they carry.
