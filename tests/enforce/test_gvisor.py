@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stockade import Unavailable
+from stockade._record import replace
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
 
@@ -20,6 +21,7 @@ from stockade.enforce.bubblewrap import ContainerPlan
 def plan(tmp_path: Path) -> ContainerPlan:
     ws = tmp_path / "ws"
     (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "hooks" / "pre-commit.sample").write_text("#!/bin/sh\n")
     extra = tmp_path / "extra"
     extra.mkdir()
     return ContainerPlan(
@@ -66,6 +68,32 @@ def test_each_plan_field_becomes_its_mount(tmp_path: Path) -> None:
     order = [m["destination"] for m in doc["mounts"]]
     assert order.index(ws) < order.index(str(p.workspace / ".git" / "hooks"))
     assert order.index("/tmp") < order.index(str(p.home))
+
+
+def test_an_empty_protected_directory_is_a_read_only_tmpfs(tmp_path: Path) -> None:
+    # A placeholder of a missing .vscode (paths.protect_paths(absent_dirs=True)) is an
+    # empty directory: the Sentry's own read-only tmpfs holds it, not a gofer bind. What
+    # has content, and what is reached through a symlink, is still bound read-only.
+    ws = tmp_path / "ws"
+    (ws / ".vscode").mkdir(parents=True)
+    (ws / ".idea").mkdir()
+    (ws / ".idea" / "workspace.xml").write_text("<x/>")
+    (ws / "real").mkdir()
+    (ws / ".claude").symlink_to(ws / "real")
+    p = replace(plan(tmp_path), protected=(ws / ".vscode", ws / ".idea", ws / ".claude"))
+    by = mounts_by_destination(gvisor.build_bundle(p, ["true"], {}))
+    assert by[str(ws / ".vscode")] == [
+        {
+            "destination": str(ws / ".vscode"),
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "ro", "mode=755"],
+        }
+    ]
+    assert by[str(ws / ".idea")][0]["type"] == "bind"
+    assert by[str(ws / ".idea")][0]["options"] == ["rbind", "ro"]
+    assert by[str(ws / ".claude")][0]["type"] == "bind"
+    assert by[str(ws / ".claude")][0]["options"] == ["rbind", "ro"]
 
 
 def test_no_overlay_and_no_network_namespace(tmp_path: Path) -> None:

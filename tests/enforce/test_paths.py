@@ -34,6 +34,24 @@ def test_protect_paths_makes_or_lists_the_placeholders(tmp_path: Path) -> None:
     assert set(listed.pending_dirs) | set(listed.pending_files) == set(made.created)
 
 
+def test_the_gvisor_backend_holds_missing_directory_names_with_directories(
+    tmp_path: Path,
+) -> None:
+    # absent_dirs (gVisor: an empty directory gets a read-only tmpfs, cheaper there than
+    # a bind): the directory names get empty directories, the file names still files.
+    made = paths.protect_paths(tmp_path, absent_dirs=True)
+    for name in paths._ABSENT_DIRS:
+        assert (tmp_path / name).is_dir()
+        assert list((tmp_path / name).iterdir()) == []
+        assert tmp_path / name in made.existing
+    assert (tmp_path / ".envrc").is_file()
+    assert paths.remove_placeholders(made.created) == []
+    assert list(tmp_path.iterdir()) == []
+    listed = paths.protect_paths(tmp_path, defer=True, absent_dirs=True)
+    assert set(listed.pending_dirs) >= {tmp_path / n for n in paths._ABSENT_DIRS}
+    assert tmp_path / ".envrc" in listed.pending_files
+
+
 def test_a_placeholder_that_cannot_be_made(tmp_path: Path) -> None:
     dirs = [tmp_path / ".vscode"]
     files = [tmp_path / ".envrc", tmp_path / "missing" / ".mcp.json"]

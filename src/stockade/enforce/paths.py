@@ -614,6 +614,7 @@ def protect_paths(
     *,
     defer: bool = False,
     writable: Iterable[Path] = (),
+    absent_dirs: bool = False,
 ) -> Protection:
     """List and prepare the protected paths of ``workspace``.
 
@@ -630,6 +631,10 @@ def protect_paths(
     submodules', and those of a ``.git`` file's target and its common directory, and of
     a repository at the top of a ``writable`` directory (``filesystem.write``), when
     they lie in the workspace or in one of ``writable``.
+
+    ``absent_dirs``: a missing ``.vscode``, ``.claude``, ... (:data:`_ABSENT_DIRS`) is
+    held by an empty directory rather than an empty file (the gVisor backend mounts an
+    empty read-only tmpfs there, which costs the Sentry a third of a bind).
 
     Raises:
         SandboxError: a ``.git`` file or a ``commondir`` points to a directory that does
@@ -659,9 +664,10 @@ def protect_paths(
                     if _root_of(real, roots) is not None:
                         existing.append(real)
                 existing.append(path)
-        missing_files += [
-            top / n for n in (*_ABSENT_DIRS, *_FILE_PLACEHOLDERS) if not os.path.lexists(top / n)
-        ]
+        absent = [n for n in (*_ABSENT_DIRS, *_FILE_PLACEHOLDERS) if not os.path.lexists(top / n)]
+        missing_files += [top / n for n in absent if not (absent_dirs and n in _ABSENT_DIRS)]
+        if absent_dirs:
+            missing_dirs += [top / n for n in absent if n in _ABSENT_DIRS]
         if not os.path.lexists(git):
             missing_dirs.append(git)
     for top in tops:

@@ -74,7 +74,12 @@ def prepare(
         writable_ws = os.access(workspace, os.W_OK)
         defer = launcher_binds and handshake and writable_ws
         held.protection = protection = claim.protect(
-            workspace, fs.protect, defer=defer, writable=fs.write
+            workspace,
+            fs.protect,
+            defer=defer,
+            writable=fs.write,
+            # gVisor holds an empty directory with a tmpfs, cheaper there than a bind
+            absent_dirs=runsc is not None,
         )
         guard = paths.guard_trust_roots(narrowed)
         # No repository yet: .git is the run's own directory inside, adopted

@@ -104,15 +104,19 @@ class Claim:
         *,
         defer: bool = False,
         writable: Iterable[Path] = (),
+        absent_dirs: bool = False,
     ) -> paths.Protection:
         """Register this run, tidy after dead ones, and make the placeholders it needs
         (with ``defer``, only list them: :meth:`make` makes them). ``writable``: the
-        other read-write directories, whose git directories are protected too."""
+        other read-write directories, whose git directories are protected too;
+        ``absent_dirs``: see :func:`paths.protect_paths`."""
         with _locked(self.registry):
             _tidy(self.registry)
             self.entry.touch()
             try:
-                protection = paths.protect_paths(workspace, extra, defer=defer, writable=writable)
+                protection = paths.protect_paths(
+                    workspace, extra, defer=defer, writable=writable, absent_dirs=absent_dirs
+                )
             except BaseException:
                 self.entry.unlink(missing_ok=True)  # refused: this run uses nothing
                 raise

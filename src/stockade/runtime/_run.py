@@ -299,9 +299,7 @@ def _execute(
                     binary, spec = _gvisor_launcher(
                         policy, container, tmp.path, False, gvisor=True, cgroup=support is not None
                     )
-                    container = replace(
-                        container, files=(*container.files, *sandbox.launcher_files(binary, spec))
-                    )
+                    sandbox.launcher_files(binary, spec)
                     from stockade.enforce.gvisor import LAUNCHER_INSIDE, SPEC_INSIDE
 
                     command = [LAUNCHER_INSIDE, SPEC_INSIDE, "--", *command]
@@ -571,7 +569,7 @@ def _gvisor_launcher(
     cgroup: bool = True,
 ) -> tuple[Path, bytes]:
     """The launcher binary and its serialised spec, for a sandbox that takes no fds
-    (gVisor): the spec is bound in as a file. ``cgroup``: whether a cgroup can hold the
+    (gVisor): both are files of the bundle's rootfs. ``cgroup``: whether a cgroup can hold the
     run's memory."""
     from stockade.enforce import launcher
 
