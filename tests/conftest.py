@@ -248,9 +248,10 @@ def nobody_gvisor(world: World, runsc: str) -> list[str]:
     :func:`as_nobody`.
 
     A user without root has a runsc of their own (here a copy in the world, which
-    as_nobody hands to uid 65534), named by STOCKADE_RUNSC; and the gVisor entry is the
-    interpreter stockade runs on, started again, so it must be a Python that uid 65534
-    can execute itself.
+    as_nobody hands to uid 65534), named by STOCKADE_RUNSC; and a Python that uid 65534
+    can execute from any process, not only through setpriv (the gVisor entry was once
+    that interpreter started again; it is a C program now, built into that user's
+    cache, and the stricter choice is kept).
     """
     own = world.root / "bin" / "runsc"
     own.parent.mkdir(exist_ok=True)

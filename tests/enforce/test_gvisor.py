@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -219,31 +217,75 @@ def test_inside_gvisor() -> None:
     assert not gvisor.inside_gvisor("Linux version 6.18.0 (gcc 12) #1 SMP\n")
 
 
-def test_the_entry_imports_only_what_it_needs() -> None:
-    """The entry runs before runsc starts: ``signal`` and ``socket`` (enum, selectors)
-    would add some 4 ms to every gVisor run; ``_signal`` and libc's socket() do the same
-    work (runtime/test_gvisor_run.py runs the entry itself: signals forwarded, the
-    loopback up for the proxy)."""
-    import ast
+def test_without_a_compiler_no_gvisor_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry cannot be built (no compiler, an empty cache): a clear error naming it,
+    raised where the run is made (GvisorRun), before anything of the run exists. Its
+    twin: with a compiler, every gVisor run builds it (runtime/test_gvisor_run.py)."""
+    from stockade.runtime._gvisor import GvisorRun
 
-    imported = {
-        alias.name
-        for node in ast.walk(ast.parse(gvisor.ENTRY_SCRIPT))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
-    assert imported == {"_signal", "ctypes", "fcntl", "os", "struct", "sys"}
-    with_them = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            "import _signal, ctypes, fcntl, os, struct, sys; print(' '.join(sorted(sys.modules)))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert "enum" not in with_them
-    assert "socket" not in with_them
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    runsc = gvisor.Runsc(Path("/nonexistent/runsc"), (20240729, 0), "")
+    with pytest.raises(Unavailable, match="the gVisor entry") as info:
+        GvisorRun(runsc, tmp_path / "scratch", "r1")
+    assert "gcc" in str(info.value)
+    assert not (tmp_path / "scratch").exists()
+    assert not list((tmp_path / "cache").glob("stockade/gvisor-entry-*"))
+
+
+def test_the_entry_argv_is_the_binary_then_its_arguments_then_runsc() -> None:
+    argv = gvisor.entry_argv(
+        "/c/gvisor-entry-0123",
+        1000,
+        1001,
+        42,
+        5,
+        6,
+        ["/x/runsc", "run", "id"],
+        state="/s",
+        container_id="stockade-r",
+        overlay=("/ws", "/layer"),
+        refused="/scratch/entry.refused",
+    )
+    assert argv == [
+        "/c/gvisor-entry-0123",
+        "1000",
+        "1001",
+        "42",
+        "5",
+        "6",
+        "1",
+        "--root=/s",
+        "stockade-r",
+        "/ws",
+        "/layer",
+        "/scratch/entry.refused",
+        "--",
+        "/x/runsc",
+        "run",
+        "id",
+    ]
+    plain = gvisor.entry_argv(
+        "/e", 0, 0, 1, 3, 4, ["/r"], state="/s", container_id="c", share_net=True
+    )
+    assert plain[6] == "0"
+    assert plain[9:12] == ["", "", ""]
+    with pytest.raises(ValueError):
+        gvisor.entry_argv(
+            "/e",
+            0,
+            0,
+            1,
+            3,
+            4,
+            ["/r"],
+            state="/s",
+            container_id="c",
+            overlay=("ws", "/l"),
+            refused="/f",
+        )

@@ -1,5 +1,5 @@
 """Overlay runs under the gvisor backend, end to end: real runsc, a real overlayfs mounted
-host-side by the gVisor entry around runsc (``enforce/gvisor.ENTRY_SCRIPT``), as root and
+host-side by the gVisor entry around runsc (``enforce/_gvisor_entry.c``), as root and
 as uid 65534; review, apply, discard, a Sandbox's checkpoints and a killed run's layer
 read the same layer format as under bubblewrap.
 

@@ -16,7 +16,7 @@ home               a fresh tmpfs (Sentry memory, gone with the sandbox)
 toolchains, read   read-only binds
 workspace, write   read-write binds (never runsc's overlay: writes reach the disk;
                    an overlay workspace is overlayfs the entry mounts host-side,
-                   and the bind is of its merged view, see ENTRY_SCRIPT)
+                   and the bind is of its merged view, see _gvisor_entry.c)
 protected          read-only binds over the writable ones
 masked files/dirs  ``/dev/null`` binds / empty tmpfs
 files              read-only file binds (resolver files, CA bundle); the launcher
@@ -28,9 +28,9 @@ the mount plan *is* the files layer; the launcher still applies seccomp (where a
 action stops only the offending thread) and the rlimits.
 
 Networking: runsc runs with ``--network=host`` inside a user and network namespace that
-stockade makes itself (:data:`ENTRY_SCRIPT`), so the egress proxy's listener, the
-resolver and the transparent capture are put there by the same helper as for
-bubblewrap, and the egress layer applies unchanged. With the egress layer off the entry
+stockade makes itself (the entry, a small C program: :func:`build_entry`), so the egress
+proxy's listener, the resolver and the transparent capture are put there by the same
+helper as for bubblewrap, and the egress layer applies unchanged. With the egress layer off the entry
 makes the user namespace alone, and ``--network=host`` is the caller's network, as
 bubblewrap's ``--share-net`` is.
 
@@ -38,8 +38,8 @@ Limits: the inner launcher's rlimits are the Sentry's (RLIMIT_NPROC, FSIZE, CPU 
 are enforced there; RLIMIT_DATA is not, on mmap); the run's cgroup holds the runsc tree,
 whose ``pids.max`` is :func:`host_pids` (host tasks are not the command's tasks).
 
-Everything but :func:`find_runsc` / :func:`runsc_version` is pure, so the bundle can be
-tested without running anything.
+Everything but :func:`find_runsc` / :func:`runsc_version` / :func:`require_runsc` and
+:func:`build_entry` is pure, so the bundle can be tested without running anything.
 """
 
 from __future__ import annotations
@@ -53,19 +53,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stockade import _roots
+from stockade import _build, _roots
 from stockade._exceptions import Unavailable
 from stockade._record import record
 from stockade.enforce.bubblewrap import ContainerPlan, _secret_masks
 
 __all__ = [
-    "ENTRY_SCRIPT",
     "MIN_RELEASE",
     "PREFERRED_RELEASE",
     "Runsc",
     "build_bundle",
+    "build_entry",
     "cache_dir",
     "entry_argv",
+    "entry_path",
     "find_runsc",
     "host_pids",
     "inside_gvisor",
@@ -518,7 +519,7 @@ def runsc_argv(
         "--host-fifo=none",
         # Pinned: the default changed in 2023 (root:self), and the workspace must never
         # be runsc's overlay (writes must reach the disk, or an overlay workspace's layer
-        # on the host: that one is overlayfs mounted around runsc, ENTRY_SCRIPT, since
+        # on the host: that one is overlayfs mounted around runsc, _gvisor_entry.c, since
         # runsc's upper is a memory file of its own format). The rootfs is read-only.
         "--overlay2=none",
         # The gofer opens every host file, not the Sentry: with directfs (the default
@@ -570,188 +571,32 @@ def start_failure(returncode: int, pid_file: str | None, log: str, panic: str = 
 
 # --- the entry: a user and network namespace of stockade's own, then runsc -------------
 
-#: Run as ``python3 -I -S -c ENTRY_SCRIPT UID GID PPID INFO_FD BLOCK_FD NET ROOT ID
-#: OVERLAY LAYER REFUSED -- RUNSC...``. It speaks bubblewrap's ``--info-fd``/``--block-fd``
-#: protocol, so the runtime's start handshake (cgroup, proxy listener, capture) is the
-#: same for both backends. ``NET`` 1 makes the network namespace (the egress layer's); 0
-#: keeps the caller's (egress off: runsc --network=host then is the host's network, as
-#: bubblewrap's --share-net is).
-#:
-#: An overlay workspace (``OVERLAY`` the workspace, ``LAYER`` the layer directory holding
-#: ``upper/`` and ``work/``; both empty otherwise): the entry makes a mount namespace too
-#: (owned by its user namespace, so nothing it mounts propagates to the host) and mounts
-#: overlayfs over the workspace path itself, the workspace its lower layer, with
-#: ``userxattr``: the layer has the format the launcher's overlay gives under bubblewrap
-#: (``stockade.workspace`` reads both). runsc, started in that namespace, binds the merged
-#: view: in it no path leads to the real workspace, and every bind below it (protected
-#: paths) is of the merged view. The layer directory is then covered with an empty
-#: read-only tmpfs, so no bind of a parent can show the upper to the sandbox. gVisor's own
-#: overlays cannot do this (docs/gvisor.md). The mount is made after the block fd lets
-#: the entry go; when the kernel refuses it, the entry writes why to ``REFUSED`` (a host
-#: file in the run's private scratch) and exits 125 before runsc starts: the runtime
-#: raises that as :class:`Unavailable`, never runs a read-write workspace instead.
-#:
-#: It stays as ``runsc run``'s parent rather than exec it: ``runsc run`` forwards no
-#: signal to the container (release 20240729; ``runsc do`` does), and a SIGTERM the runtime
-#: forwarded to it killed runsc, and the sandbox with it, before the command's handler
-#: ran (a ``trap ... TERM`` never ran; the run ended 143). The entry hands SIGINT, SIGTERM
-#: and SIGHUP to the container's init, the command, with ``runsc --root=ROOT kill ID SIG``
-#: (about 20 ms); when that fails (no container yet, or gone) it signals runsc itself, as
-#: before. Its exit status is runsc's, a death by a signal passed on as the same death.
-#:
-#: It runs before runsc starts, so its imports are on every run's path: ``_signal``, not
-#: ``signal``, and the loopback's socket from libc, not ``socket`` (both pull in enum;
-#: about 4 ms of the interpreter's 10).
-ENTRY_SCRIPT = r"""
-import _signal as signal, ctypes, fcntl, os, struct, sys
-uid, gid, ppid, info, block, net = map(int, sys.argv[1:7])
-root, cid, ovl, layer, refused = sys.argv[7:12]
-argv = sys.argv[13:]
-libc = ctypes.CDLL(None, use_errno=True)
-def die(what):
-    e = ctypes.get_errno()
-    os.write(2, ("stockade: gvisor entry: %s failed: %s\n" % (what, os.strerror(e) if e else "")).encode())
-    os._exit(125)
-def refuse(why):
-    fd = os.open(refused, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    os.write(fd, why.encode(errors="replace"))
-    os._exit(125)
-# Die with stockade (SIGKILL); runsc, forked below, dies with the entry in turn. A
-# parent already gone means nobody will release us.
-if libc.prctl(1, 9, 0, 0, 0) != 0:
-    die("prctl(PR_SET_PDEATHSIG)")
-if os.getppid() != ppid:
-    os._exit(125)
-if libc.unshare(0x10000000 | (0x20000 if ovl else 0) | (0x40000000 if net else 0)) != 0:
-    die("unshare(CLONE_NEWUSER%s%s)" % ("|CLONE_NEWNS" if ovl else "", "|CLONE_NEWNET" if net else ""))
-for name, text in (("setgroups", "deny"), ("uid_map", "0 %d 1" % uid), ("gid_map", "0 %d 1" % gid)):
-    with open("/proc/self/" + name, "w") as f:
-        f.write(text)
-if net:
-    s = libc.socket(2, 2 | 0o2000000, 0)  # AF_INET, SOCK_DGRAM | SOCK_CLOEXEC
-    if s < 0:
-        die("socket(AF_INET)")
-    req = struct.pack("16sH14x", b"lo", 0)
-    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, req))[1]
-    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
-    os.close(s)
-os.write(info, b'{"child-pid": %d}' % os.getpid())
-os.close(info)
-if os.read(block, 1) != b"1":
-    os._exit(125)
-os.close(block)
-def fs_log(ctx):
-    # The kernel's own words for a refused fsconfig ("overlayfs: ...").
-    out = []
-    while True:
-        try:
-            line = os.read(ctx, 512)
-        except OSError:
-            break
-        if not line:
-            break
-        out.append(line.decode(errors="replace").strip())
-    return "; ".join(out) or "no message from the kernel"
-def fs_type(path):
-    # statfs's f_type, the first field of struct statfs (a long on every architecture
-    # Linux runs runsc on): os.statvfs does not report it.
-    buf = ctypes.create_string_buffer(128)
-    return struct.unpack_from("l", buf)[0] if libc.statfs(path.encode(), buf) == 0 else -1
-def overlay():
-    sc, L, S = libc.syscall, ctypes.c_long, ctypes.c_char_p
-    # fsopen, fsconfig, fsmount, move_mount (Linux 5.2+; the same numbers on every
-    # architecture): one call per option, so no path is parsed out of an option string.
-    ctx = sc(L(430), S(b"overlay"), L(1))
-    if ctx < 0:
-        refuse("fsopen(overlay): %s (the kernel lacks overlayfs in user namespaces: Linux 5.11+, CONFIG_OVERLAY_FS)" % os.strerror(ctypes.get_errno()))
-    def config(key, value):
-        if sc(L(431), L(ctx), L(1 if value is not None else 0), S(key), S(value), L(0)) != 0:
-            e = ctypes.get_errno()
-            refuse("overlayfs refused %s=%s: %s (%s)" % (key.decode(), (value or b"").decode(errors="replace"), os.strerror(e), fs_log(ctx)))
-    # lowerdir+ (Linux 6.8+) takes one path as is. Before, "lowerdir" splits its value
-    # at ':', and before 6.5 every option is joined into one string split at ','. The
-    # release decides, not a failed try: before 6.5 any key is accepted until the end.
-    def lead(part):
-        digits = ""
-        for c in part:
-            if not c.isdigit():
-                break
-            digits += c
-        return int(digits or 0)
-    release = tuple(lead(part) for part in os.uname().release.split(".")[:2])
-    if release >= (6, 8):
-        config(b"lowerdir+", ovl.encode())
-    else:
-        if any(c in ovl + layer for c in ",:\\"):
-            refuse("the workspace or layer path has ',', ':' or a backslash, which overlayfs before Linux 6.8 cannot take in a lower or upper directory")
-        config(b"lowerdir", ovl.encode())
-    config(b"upperdir", (layer + "/upper").encode())
-    config(b"workdir", (layer + "/work").encode())
-    # In a user namespace overlayfs keeps whiteouts' and opaque directories' marks in
-    # user.overlay.* xattrs (trusted.* needs the initial namespace's CAP_SYS_ADMIN).
-    config(b"userxattr", None)
-    if sc(L(431), L(ctx), L(6), None, None, L(0)) != 0:
-        e = ctypes.get_errno()
-        why = fs_log(ctx)
-        if fs_type(ovl) == 0x794C7630:
-            # overlayfs says this one only in dmesg: name it, it is the likely case (a
-            # workspace in a container whose own root is an overlay of an overlay).
-            why += "; the workspace itself lies on overlayfs, and the kernel stacks file systems at most 2 deep (dmesg: maximum fs stacking depth exceeded)"
-        refuse("overlayfs over %s: %s (%s); the workspace must be a directory overlayfs accepts as a lower layer and the state directory's file system must support user xattrs" % (ovl, os.strerror(e), why))
-    # nosuid, nodev: nothing the run writes is a setuid program or a device to anyone.
-    mnt = sc(L(432), L(ctx), L(1), L(0x2 | 0x4))
-    if mnt < 0:
-        refuse("fsmount(overlay): %s (%s)" % (os.strerror(ctypes.get_errno()), fs_log(ctx)))
-    if sc(L(429), L(mnt), S(b""), L(-100), S(ovl.encode()), L(0x4)) != 0:
-        refuse("move_mount(overlay over %s): %s" % (ovl, os.strerror(ctypes.get_errno())))
-    os.close(mnt)
-    os.close(ctx)
-    # Verified: overlayfs comes up read-only when it cannot use its work directory, and
-    # a workspace that refuses every write would break the run without a word.
-    if fs_type(ovl) != 0x794C7630:
-        refuse("verification: %s is not an overlay after mounting one over it" % ovl)
-    if os.statvfs(ovl).f_flag & os.ST_RDONLY:
-        refuse("overlayfs over %s came up read-only: it could not use the work directory %s/work (dmesg says why)" % (ovl, layer))
-    # The layer out of every view runsc builds: an empty read-only tmpfs over it. The
-    # overlay holds its upper and work directories already.
-    if libc.mount(b"tmpfs", layer.encode(), b"tmpfs", L(0x1 | 0x2 | 0x4 | 0x8), b"mode=0") != 0:
-        refuse("mounting an empty tmpfs over the layer %s: %s" % (layer, os.strerror(ctypes.get_errno())))
-    # The entry's working directory is the real workspace, below the new mount: runsc
-    # would start in it.
-    os.chdir("/")
-if ovl:
-    overlay()
-me = os.getpid()
-pid = os.fork()
-if pid == 0:
-    # runsc dies with the entry, as the entry dies with stockade (PDEATHSIG is not
-    # inherited across fork); its sandbox and gofer die with runsc in turn.
-    if libc.prctl(1, 9, 0, 0, 0) != 0 or os.getppid() != me:
-        os._exit(125)
-    os.execv(argv[0], argv)
-def forward(sig, frame):
-    try:
-        killer = os.posix_spawn(argv[0], [argv[0], root, "kill", cid, str(sig)], os.environ)
-        ok = os.waitstatus_to_exitcode(os.waitpid(killer, 0)[1]) == 0
-    except OSError:
-        ok = False
-    if not ok:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(sig, forward)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(me, -code)
-os._exit(code)
-"""
+_ENTRY_SOURCE = Path(__file__).with_name("_gvisor_entry.c")
+
+
+def entry_path() -> Path:
+    """Where the gVisor entry's binary lives, built or not: named by its source's digest
+    in stockade's cache (:func:`stockade._build.shipped_path`)."""
+    return _build.shipped_path(_ENTRY_SOURCE, "gvisor-entry")
+
+
+def build_entry() -> Path:
+    """The gVisor entry (``_gvisor_entry.c``, whose header comment says what it does and
+    why), compiled on first use into stockade's cache and checked against its recorded
+    digest before each use, as the launcher and the network namespace helper are
+    (:func:`stockade._build.build_shipped`): it runs on the host, before runsc, with the
+    user's own rights, so a copy replaced on disk is rebuilt, never run. Raises
+    :class:`Unavailable` without a compiler and :class:`SandboxError` when the compile
+    fails: no gVisor run starts without it.
+
+    Why C: it runs on every gVisor run before runsc starts, and a Python interpreter
+    cost about 10 ms of that (and about 10 MB per sandbox); the program costs about 1 ms.
+    """
+    return _build.build_shipped(_ENTRY_SOURCE, "gvisor-entry", "the gVisor entry")
 
 
 def entry_argv(
-    python: str,
+    entry: str,
     uid: int,
     gid: int,
     ppid: int,
@@ -765,20 +610,20 @@ def entry_argv(
     overlay: tuple[str, str] | None = None,
     refused: str = "",
 ) -> list[str]:
-    """The outermost argv of a gVisor run: :data:`ENTRY_SCRIPT`, then ``runsc``;
-    ``state`` (runsc's ``--root``) and ``container_id`` are how the entry forwards a
-    signal (``runsc kill``); ``share_net`` keeps the caller's network namespace (the
-    egress layer is off); ``overlay`` is ``(workspace, layer directory)`` for an overlay
+    """The outermost argv of a gVisor run: the entry (``entry``, the path of the binary
+    :func:`build_entry` gives; ``_gvisor_entry.c``), then ``runsc``: ``entry UID GID PPID
+    INFO_FD BLOCK_FD NET ROOT ID OVERLAY LAYER REFUSED -- RUNSC...``. ``ppid`` is the
+    process that spawns it (the entry gives up under any other parent); ``info_fd`` and
+    ``block_fd`` are bubblewrap's ``--info-fd``/``--block-fd`` pipe ends; ``state``
+    (runsc's ``--root``) and ``container_id`` are how the entry forwards a signal
+    (``runsc kill``); ``share_net`` keeps the caller's network namespace (the egress
+    layer is off); ``overlay`` is ``(workspace, layer directory)`` for an overlay
     workspace, which the entry mounts host-side, and ``refused`` the file where it says
     why the kernel refused that mount (both absolute)."""
     if overlay is not None and not (refused and all(p.startswith("/") for p in overlay)):
         raise ValueError("an overlay entry needs absolute paths and a refusal file")
     return [
-        python,
-        "-I",
-        "-S",
-        "-c",
-        ENTRY_SCRIPT,
+        entry,
         str(uid),
         str(gid),
         str(ppid),

@@ -14,7 +14,6 @@ import os
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +30,10 @@ class GvisorRun:
     """The on-disk state of one gVisor sandbox under ``scratch/gvisor``."""
 
     def __init__(self, runsc: gvisor.Runsc, scratch: Path, run_id: str) -> None:
+        #: the entry's binary, built (or its cached copy verified) here, as the run is
+        #: planned and before anything of it exists: a build that fails raises, and the
+        #: run does not start (gvisor.build_entry)
+        self.entry = gvisor.build_entry()
         self.runsc = runsc
         self.base = scratch / "gvisor"
         self.bundle = self.base / "bundle"
@@ -44,7 +47,7 @@ class GvisorRun:
         #: the Sentry's Go panic, if any: a sandbox that died under the command
         self.panic_log = self.base / "runsc.panic"
         #: where the entry says why the kernel refused an overlay workspace's mount
-        #: (gvisor.ENTRY_SCRIPT); a host file in no mount of the sandbox
+        #: (enforce/_gvisor_entry.c); a host file in no mount of the sandbox
         self.refused = self.base / "entry.refused"
         #: the listening socket runsc hands a terminal bundle's pty to (open_console)
         self.console: socket.socket | None = None
@@ -101,11 +104,12 @@ class GvisorRun:
         share_net: bool = False,
         overlay: tuple[Path, Path] | None = None,
     ) -> list[str]:
-        """The outermost argv: the entry script, then ``runsc run``; ``share_net`` (the
-        egress layer is off) keeps the caller's network namespace, so that runsc
-        ``--network=host`` is the host's network, as bubblewrap's ``--share-net`` is;
-        ``overlay`` (workspace, layer directory): the entry mounts the workspace's
-        overlay host-side, around runsc (:data:`gvisor.ENTRY_SCRIPT`)."""
+        """The outermost argv: the entry (:func:`gvisor.build_entry`, built when this run
+        was made), then ``runsc run``; ``share_net`` (the egress layer is off) keeps the
+        caller's network namespace, so that runsc ``--network=host`` is the host's
+        network, as bubblewrap's ``--share-net`` is; ``overlay`` (workspace, layer
+        directory): the entry mounts the workspace's overlay host-side, around runsc
+        (:func:`gvisor.entry_argv`)."""
         runsc = gvisor.runsc_argv(
             self.runsc,
             str(self.state),
@@ -117,7 +121,7 @@ class GvisorRun:
             console_socket=str(self.base / "console") if self.console is not None else None,
         )
         return gvisor.entry_argv(
-            sys.executable,
+            str(self.entry),
             os.getuid(),
             os.getgid(),
             os.getpid(),

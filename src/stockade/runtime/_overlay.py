@@ -5,7 +5,7 @@ lives in stockade's state (:class:`stockade.workspace.Layer`). Under bubblewrap 
 launcher mounts the overlay over the workspace (``enforce/_launcher.c``, record ``o``)
 and bubblewrap binds the real workspace read-only as the lower layer; under gVisor the
 entry mounts the same overlay host-side, in the user and mount namespace runsc starts in,
-and runsc binds the merged view (``enforce/gvisor.ENTRY_SCRIPT``). Both are overlayfs
+and runsc binds the merged view (``enforce/_gvisor_entry.c``). Both are overlayfs
 with ``userxattr``, so the layer has one format. What the run wrote is then reviewed and
 applied or discarded (``stockade changes/diff/apply/discard``).
 
@@ -38,7 +38,7 @@ def refusal(
             "run it with --backend bubblewrap, or without --overlay",
         )
     if gvisor:
-        # Mounted host-side, around runsc, by the gVisor entry (gvisor.ENTRY_SCRIPT), in
+        # Mounted host-side, around runsc, by the gVisor entry (enforce/_gvisor_entry.c), in
         # the mount namespace runsc is started in: the sandbox reaches the files only
         # through runsc's binds of the merged view, so neither Landlock nor the
         # launcher's mount API is needed. gVisor's own overlays keep no layer a review
