@@ -1,19 +1,28 @@
 """The gVisor backend's pure parts: the OCI bundle from a ContainerPlan, the runsc argv,
 the version parser and gate (a fake ``--version`` script stands in for an old runsc: it
-is only ever asked its version, never used as a sandbox)."""
+is only ever asked its version, never used as a sandbox); and the entry
+(``_gvisor_entry.c``) run for real, with a plain program in runsc's place."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stockade import Unavailable
-from stockade._record import replace
+from stockade._record import record, replace
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
+from tests.conftest import NOBODY, require
 
 
 def plan(tmp_path: Path) -> ContainerPlan:
@@ -289,3 +298,284 @@ def test_the_entry_argv_is_the_binary_then_its_arguments_then_runsc() -> None:
             overlay=("ws", "/l"),
             refused="/f",
         )
+
+
+# --- the entry (_gvisor_entry.c), run for real: its namespaces, handshake and statuses --
+#
+# Every runtime test under runsc runs it (runtime/test_gvisor_run.py, the overlay tests);
+# here a plain program stands in for runsc's argv, so that each step of the entry, and
+# each refusal, is seen on its own, as root and as uid 65534.
+
+WHO = ("root", "nobody")
+
+
+@pytest.fixture(scope="module")
+def entry_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The entry built in a private cache (and state: its digest record), copied where
+    uid 65534 can run it."""
+    home = tmp_path_factory.mktemp("entry")
+    old = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "XDG_STATE_HOME")}
+    os.environ["XDG_CACHE_HOME"] = str(home / "cache")
+    os.environ["XDG_STATE_HOME"] = str(home / "state")
+    try:
+        built = gvisor.build_entry()
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert built == home / "cache" / "stockade" / built.name
+    assert built.name.startswith("gvisor-entry-")
+    shared = Path(tempfile.mkdtemp(prefix="stockade-entry-", dir="/tmp"))
+    shared.chmod(0o755)
+    target = shared / "gvisor-entry"
+    shutil.copy(built, target)
+    target.chmod(0o755)
+    yield target
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+@record
+class Entry:
+    """One entry run: its status, output, and what it said on the info fd."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    info: str
+
+
+def _as(who: str) -> tuple[list[str], int, int]:
+    """The prefix that runs a program as ``who``, and that user's uid and gid."""
+    if who == "root" and os.getuid() == 0:
+        return [], 0, 0
+    if os.getuid() != 0:
+        require(who == "root", "running as uid 65534 needs root")
+        return [], os.getuid(), os.getgid()
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) is not installed")
+    return (
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"],
+        NOBODY,
+        NOBODY,
+    )
+
+
+def run_entry(
+    entry: Path,
+    runsc: list[str],
+    *,
+    who: str = "root",
+    ppid: int | None = None,
+    info_fd: int | None = None,
+    release: bytes | None = b"1",
+    net: bool = True,
+) -> Entry:
+    """Run the entry with ``runsc`` as the program it starts; ``release`` is what the
+    block fd holds before it is closed (None: nothing); ``info_fd`` replaces the info
+    pipe's descriptor (one that is not open); ``ppid`` the parent it is told of."""
+    prefix, uid, gid = _as(who)
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    try:
+        if release is not None:
+            os.write(block_w, release)
+        os.close(block_w)
+        block_w = -1
+        argv = gvisor.entry_argv(
+            str(entry),
+            uid,
+            gid,
+            os.getpid() if ppid is None else ppid,
+            info_w if info_fd is None else info_fd,
+            block_r,
+            runsc,
+            state="/nonexistent/state",
+            container_id="stockade-test",
+            share_net=not net,
+        )
+        proc = subprocess.run(
+            [*prefix, *argv],
+            pass_fds=(info_w, block_r),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        os.close(info_w)
+        info_w = -1
+        info = os.read(info_r, 4096).decode()
+    finally:
+        for fd in (info_r, info_w, block_r, block_w):
+            if fd >= 0:
+                os.close(fd)
+    if "Operation not permitted" in proc.stderr and "unshare" in proc.stderr:
+        require(False, f"user namespaces are not available to {who}: {proc.stderr.strip()}")
+    return Entry(proc.returncode, proc.stdout, proc.stderr, info)
+
+
+def _marker_script(marker: Path) -> list[str]:
+    """A stand-in for runsc that leaves a mark when it runs."""
+    return ["/bin/sh", "-c", f"touch {marker}; echo RAN"]
+
+
+@pytest.fixture
+def marker() -> Iterator[Path]:
+    """Where the stand-in for runsc leaves its mark: a file in a directory uid 65534 can
+    write to (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="stockade-entry-mark-", dir="/tmp"))
+    d.chmod(0o777)
+    yield d / "ran"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_the_entry_starts_runsc_in_its_namespaces_and_passes_its_status(
+    entry_bin: Path, who: str
+) -> None:
+    """The twin of every refusal below: the handshake answered, the uid mapped to 0, a
+    network namespace of its own with lo up, nothing of the entry's descriptors but the
+    standard three, and runsc's exit status passed through."""
+    require(shutil.which("ip") is not None, "ip (iproute2) is not installed")
+    _, uid, _ = _as(who)
+    script = (
+        "cat /proc/self/uid_map; readlink /proc/self/ns/net; ip -o link show lo; "
+        "ls /proc/$$/fd; exit 7"
+    )
+    got = run_entry(entry_bin, ["/bin/sh", "-c", script], who=who)
+    assert got.returncode == 7, got.stderr
+    assert got.stderr == ""
+    info = json.loads(got.info)
+    assert list(info) == ["child-pid"]
+    assert info["child-pid"] > 1
+    lines = got.stdout.splitlines()
+    assert lines[0].split() == ["0", str(uid), "1"]
+    assert lines[1] != os.readlink("/proc/self/ns/net")
+    assert "UP" in lines[2].split("<", 1)[1].split(">", 1)[0].split(",")
+    assert lines[3:] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_with_egress_off_the_entry_keeps_the_callers_network(entry_bin: Path, who: str) -> None:
+    got = run_entry(entry_bin, ["/bin/sh", "-c", "readlink /proc/self/ns/net"], who=who, net=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == os.readlink("/proc/self/ns/net")
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_under_another_parent_the_entry_runs_nothing(
+    entry_bin: Path, who: str, marker: Path
+) -> None:
+    """A parent that is not the spawner it was told of (the spawner died, and the entry
+    was reparented) means nobody will release it: 125 before any namespace is made,
+    and runsc never starts. The twin: the test above."""
+    got = run_entry(entry_bin, _marker_script(marker), who=who, ppid=1)
+    assert got.returncode == 125
+    assert got.info == ""
+    assert not marker.exists()
+    assert "RAN" not in got.stdout
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_the_entry_names_the_step_that_failed(entry_bin: Path, who: str, marker: Path) -> None:
+    """An info fd that is not open: the step is named and runsc never starts."""
+    got = run_entry(entry_bin, _marker_script(marker), who=who, info_fd=1000)
+    assert got.returncode == 125
+    assert got.stderr == (
+        "stockade: gvisor entry: writing to the info fd failed: Bad file descriptor\n"
+    )
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("release", [None, b"0"])
+def test_a_block_fd_closed_without_1_ends_the_entry_before_runsc(
+    entry_bin: Path, release: bytes | None, marker: Path
+) -> None:
+    """The runtime gives up on a run (its handshake failed) by closing the block fd: the
+    entry ends 125 and runsc never starts. The twin: released with '1', it runs."""
+    got = run_entry(entry_bin, _marker_script(marker), release=release)
+    assert got.returncode == 125
+    assert json.loads(got.info)["child-pid"] > 1  # it got as far as the handshake
+    assert not marker.exists()
+    twin = run_entry(entry_bin, _marker_script(marker))
+    assert twin.returncode == 0, twin.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(("command", "status"), [("kill -KILL $$", -9), ("kill -TERM $$", -15)])
+def test_a_runsc_that_dies_by_a_signal_is_the_same_death(
+    entry_bin: Path, command: str, status: int
+) -> None:
+    """runsc killed (SIGKILL by the OOM killer, say) is the entry's own death by that
+    signal, not a status of 1 that the runtime would take for the command's."""
+    got = run_entry(entry_bin, ["/bin/sh", "-c", command])
+    assert got.returncode == status, got.stderr
+    assert got.stderr == ""
+
+
+def test_the_entry_keeps_no_descriptor_of_its_spawners(entry_bin: Path) -> None:
+    """The entry is spawned by a process that holds other descriptors (a run server's
+    listener, inheritable here on purpose): it keeps only the standard three and the
+    two of its handshake, and runsc gets the standard three alone. A SIGTERM it cannot
+    hand over with ``runsc kill`` (the stand-in cannot) goes to runsc itself, and its
+    death by it is the entry's."""
+    bystander = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bystander.set_inheritable(True)
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    argv = gvisor.entry_argv(
+        str(entry_bin),
+        os.getuid(),
+        os.getgid(),
+        os.getpid(),
+        info_w,
+        block_r,
+        ["/bin/sleep", "30"],
+        state="/nonexistent/state",
+        container_id="stockade-test",
+    )
+    proc = subprocess.Popen(
+        argv,
+        pass_fds=(info_w, block_r, bystander.fileno()),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        os.close(info_w)
+        info_w = -1
+        os.close(block_r)
+        block_r = -1
+        info = json.loads(os.read(info_r, 4096))
+        assert info["child-pid"] == proc.pid
+        # Held at the block fd: the entry's own descriptors.
+        held = sorted(int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+        mine = os.readlink(f"/proc/self/fd/{bystander.fileno()}")
+        assert mine not in {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in held}
+        assert held == sorted({0, 1, 2, int(argv[4]), int(argv[5])})
+        os.write(block_w, b"1")
+        deadline = time.monotonic() + 10
+        children: list[str] = []
+        while not children and time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                children = f.read().split()
+            time.sleep(0.01)
+        (child,) = children
+        deadline = time.monotonic() + 10
+        while "sleep" not in os.readlink(f"/proc/{child}/exe"):
+            assert time.monotonic() < deadline, "the stand-in for runsc never started"
+            time.sleep(0.01)
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{child}/fd")) == [0, 1, 2]
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd")) == [0, 1, 2]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+        bystander.close()
+        for fd in (info_r, info_w, block_r, block_w):
+            if fd >= 0:
+                os.close(fd)
