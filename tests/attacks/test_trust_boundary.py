@@ -266,6 +266,26 @@ def test_a_network_helper_replaced_on_disk_is_rebuilt_not_run(world: World, kern
     assert not helper.read_bytes().startswith(b"#!")
 
 
+def test_a_gvisor_entry_replaced_on_disk_is_rebuilt_not_run(world: World, runsc: str) -> None:
+    """The gVisor entry runs on the host, before runsc, with the user's own rights: a copy
+    changed on disk (by a tool or an earlier run that could write the cache) would be
+    code run on the host at the next gVisor run's start. It is rebuilt from source
+    instead; the run that follows works (its twin: the first run, with the entry as
+    built)."""
+    env = dict(_cache_in_workspace(world), STOCKADE_RUNSC=runsc)
+    first = world.stockade("run", "--backend", "gvisor", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    (entry,) = (world.workspace / ".cache" / "stockade").glob("gvisor-entry-*")
+    marker = world.root / "entry-ran-on-the-host"
+    entry.write_bytes(f"#!/bin/sh\ntouch {marker}\nexit 1\n".encode())
+    os.chmod(entry, 0o700)
+    proc = world.stockade("run", "--backend", "gvisor", "--", "cat", "/proc/version", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Linux version 4.4.0")  # the Sentry's: runsc ran
+    assert not marker.exists()
+    assert not entry.read_bytes().startswith(b"#!")
+
+
 def test_a_planted_runsc_in_the_cache_is_refused(world: World, tmp_path: Path) -> None:
     from stockade import Unavailable, _digests
     from stockade.enforce import gvisor
