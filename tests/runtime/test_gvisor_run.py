@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -150,6 +151,38 @@ def test_no_survivors_after_sigkill_of_stockade(gworld: World) -> None:
         time.sleep(0.1)
         alive = [p for p in pids if _alive(p)]
     assert not alive, f"processes left after SIGKILL of stockade: {alive}"
+
+
+def test_runsc_killed_under_the_command_is_that_death_not_a_status_of_its_own(
+    gworld: World,
+) -> None:
+    """``runsc run`` killed while the command runs (the OOM killer, say): the gVisor entry
+    dies by the same signal, so the run ends 137. The Python entry before it ended 1
+    (its signal.signal(SIGKILL) raised), which passed for the command's own status. The
+    twin: test_exit_code_stdout_and_stderr, where the command's 7 passes through."""
+    proc = subprocess.Popen(
+        [*gworld.command, "run", *GVISOR, "--", "sh", "-c", "echo started; sleep 300"],
+        cwd=gworld.workspace,
+        env=gworld.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        (entry,) = [
+            int(pid)
+            for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if "gvisor-entry-" in os.readlink(f"/proc/{pid}/exe")
+        ]
+        (runsc_run,) = Path(f"/proc/{entry}/task/{entry}/children").read_text().split()
+        os.kill(int(runsc_run), signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 137, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _alive(pid: int) -> bool:
