@@ -1,9 +1,10 @@
 """Compile stockade's small C programs once per source, into the user's cache.
 
-Three programs are C: the inner launcher (``enforce/_launcher.c``, run inside every
+Four programs are C: the inner launcher (``enforce/_launcher.c``, run inside every
 sandbox), the network namespace helper (``egress/_netns_helper.c``, which makes the
-proxy's listeners inside a sandbox's namespace) and the front end of the ``stockade``
-command (``cli/_frontend.c``). Each binary
+proxy's listeners inside a sandbox's namespace), the gVisor entry
+(``enforce/_gvisor_entry.c``, which makes runsc's namespaces and stays its parent) and
+the front end of the ``stockade`` command (``cli/_frontend.c``). Each binary
 is named after a digest of its source, so a changed source gets a fresh binary and a
 stale one is never reused; a cached binary is reused only when nobody but this user
 could have written it and its content is the one recorded when it was built
