@@ -66,7 +66,6 @@ __all__ = [
     "build_entry",
     "cache_dir",
     "entry_argv",
-    "entry_path",
     "find_runsc",
     "host_pids",
     "inside_gvisor",
@@ -572,12 +571,6 @@ def start_failure(returncode: int, pid_file: str | None, log: str, panic: str = 
 # --- the entry: a user and network namespace of stockade's own, then runsc -------------
 
 _ENTRY_SOURCE = Path(__file__).with_name("_gvisor_entry.c")
-
-
-def entry_path() -> Path:
-    """Where the gVisor entry's binary lives, built or not: named by its source's digest
-    in stockade's cache (:func:`stockade._build.shipped_path`)."""
-    return _build.shipped_path(_ENTRY_SOURCE, "gvisor-entry")
 
 
 def build_entry() -> Path:
