@@ -260,6 +260,7 @@ def test_the_entry_argv_is_the_binary_then_its_arguments_then_runsc() -> None:
         container_id="stockade-r",
         overlay=("/ws", "/layer"),
         refused="/scratch/entry.refused",
+        binds="/scratch/binds",
     )
     assert argv == [
         "/c/gvisor-entry-0123",
@@ -274,6 +275,7 @@ def test_the_entry_argv_is_the_binary_then_its_arguments_then_runsc() -> None:
         "/ws",
         "/layer",
         "/scratch/entry.refused",
+        "/scratch/binds",
         "--",
         "/x/runsc",
         "run",
@@ -283,7 +285,7 @@ def test_the_entry_argv_is_the_binary_then_its_arguments_then_runsc() -> None:
         "/e", 0, 0, 1, 3, 4, ["/r"], state="/s", container_id="c", share_net=True
     )
     assert plain[6] == "0"
-    assert plain[9:12] == ["", "", ""]
+    assert plain[9:13] == ["", "", "", ""]
     with pytest.raises(ValueError):
         gvisor.entry_argv(
             "/e",
@@ -370,6 +372,7 @@ def run_entry(
     info_fd: int | None = None,
     release: bytes | None = b"1",
     net: bool = True,
+    binds: str = "",
 ) -> Entry:
     """Run the entry with ``runsc`` as the program it starts; ``release`` is what the
     block fd holds before it is closed (None: nothing); ``info_fd`` replaces the info
@@ -393,6 +396,7 @@ def run_entry(
             state="/nonexistent/state",
             container_id="stockade-test",
             share_net=not net,
+            binds=binds,
         )
         proc = subprocess.run(
             [*prefix, *argv],
@@ -582,3 +586,113 @@ def test_the_entry_keeps_no_descriptor_of_its_spawners(entry_bin: Path) -> None:
         for fd in (info_r, info_w, block_r, block_w):
             if fd >= 0:
                 os.close(fd)
+
+
+# --- the host-side binds (gvisor.host_binds): what makes directfs safe ----------------
+
+
+def test_host_binds_repeat_the_bundles_binds_in_order(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    p = replace(
+        plan(tmp_path),
+        read=(tmp_path / "link",),
+        write=(),
+        masked_files=(ws / ".env",),
+    )
+    (ws / ".env").write_text("SECRET=1\n")
+    doc = gvisor.build_bundle(p, ["true"], {})
+    records = gvisor.host_binds(doc["mounts"], (("w", "/scratch"), ("r", "/scratch/rootfs/x")))
+    assert records.endswith(b"\0")
+    got = [(r[:1].decode(), r[1:].decode()) for r in records[:-1].split(b"\0")]
+    binds = [m for m in doc["mounts"] if m["type"] == "bind" and m["source"] != "/dev/null"]
+    # every bind but the /dev/null masks (a device: no open truncates it), in order,
+    # its kind from its options, a symlink's target for the link (what runsc binds)
+    assert got[: len(binds)] == [
+        ("r" if "ro" in m["options"] else "w", os.path.realpath(m["source"])) for m in binds
+    ]
+    assert ("r", str(tmp_path / "real")) in got
+    assert ("w", str(ws)) in got
+    assert got.index(("w", str(ws))) < got.index(("r", str(ws / ".git" / "hooks")))
+    assert ("r", "/usr") in got
+    assert all(path != "/dev/null" for _, path in got)
+    assert got[-2:] == [("w", "/scratch"), ("r", "/scratch/rootfs/x")]
+
+
+def _bind_world(who: str) -> tuple[Path, Path]:
+    """A directory tree ``who`` owns (so every write there is its to make, binds aside)
+    and a binds file for it: ``ro`` read-only with ``ro/ws`` read-write below it, the
+    file ``lone`` read-only; ``free`` has no record."""
+    _, uid, gid = _as(who)
+    top = Path(tempfile.mkdtemp(prefix="stockade-entry-binds-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    (top / "ro" / "ws").mkdir(parents=True)
+    (top / "free").mkdir()
+    for rel in ("ro/f", "lone", "free/g"):
+        (top / rel).write_text("keep\n")
+    for path in (top, *top.rglob("*")):
+        os.chown(path, uid, gid)
+    binds = top / "binds"
+    binds.write_bytes(f"r{top}/ro\0w{top}/ro/ws\0r{top}/lone\0".encode())
+    os.chmod(binds, 0o644)
+    return top, binds
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_the_entry_binds_read_only_on_the_host_side(entry_bin: Path, who: str) -> None:
+    """What runsc runs in: every "r" path read-only to the host kernel itself (an
+    O_TRUNC open fails before it truncates anything), a "w" path below one writable
+    again, and what has no record untouched (the twins)."""
+    top, binds = _bind_world(who)
+    try:
+        trunc = (
+            "python3 -c 'import os,sys; os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC))'"
+        )
+        script = (
+            f"{trunc} {top}/ro/f 2>/dev/null || echo ro-refused; "
+            f"{trunc} {top}/lone 2>/dev/null || echo lone-refused; "
+            f"echo new > {top}/ro/ws/new && echo ws-written; "
+            f"{trunc} {top}/free/g && echo free-truncated; "
+            "pwd"
+        )
+        got = run_entry(entry_bin, ["/bin/sh", "-c", script], who=who, binds=str(binds))
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.split() == [
+            "ro-refused",
+            "lone-refused",
+            "ws-written",
+            "free-truncated",
+            "/",
+        ]
+        assert (top / "ro" / "f").read_text() == "keep\n"
+        assert (top / "lone").read_text() == "keep\n"
+        assert (top / "ro" / "ws" / "new").read_text() == "new\n"
+        assert (top / "free" / "g").read_text() == ""
+        # the binds were the entry's own mount namespace's: the host sees none
+        assert (top / "ro" / "f").stat().st_dev == top.stat().st_dev
+        trunc_host = os.open(top / "ro" / "f", os.O_WRONLY | os.O_TRUNC)
+        os.close(trunc_host)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("records", "step"),
+    [
+        (b"r/nonexistent/stockade-test\0", "open_tree of /nonexistent/stockade-test"),
+        (b"x/etc\0", "a record that is not r/path or w/path"),
+        (b"r/etc", "a record without its end"),
+    ],
+)
+def test_a_bind_the_entry_cannot_make_runs_nothing(
+    entry_bin: Path, marker: Path, records: bytes, step: str
+) -> None:
+    """Fail closed: never runsc over a read-only bind left writable on the host."""
+    binds = marker.parent / "binds"
+    binds.write_bytes(records)
+    got = run_entry(entry_bin, _marker_script(marker), binds=str(binds))
+    assert got.returncode == 125
+    assert step in got.stderr
+    assert not marker.exists()
+    assert got.stdout == ""

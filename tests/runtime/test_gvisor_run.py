@@ -85,6 +85,40 @@ def test_system_is_read_only_and_the_twin_writes_tmp(gworld: World) -> None:
     assert not Path("/etc/stockade-test").exists()
 
 
+def test_a_truncating_open_below_a_read_only_bind_changes_nothing_on_the_host(
+    gworld: World,
+) -> None:
+    """runsc runs with directfs, and runsc 20240729 then truncates a host file opened
+    with O_TRUNC below a read-only bind before it answers EROFS: a tool of a read grant
+    the caller owns, the launcher in the rootfs (a hard link to the cached binary). The
+    entry binds them read-only on the host side first (gvisor.host_binds), so the host
+    kernel refuses the open; the twin truncates a workspace file."""
+    tools = gworld.root / "tools"
+    tools.mkdir()
+    (tools / "tool").write_text("keep\n")
+    (gworld.workspace / "scratch.txt").write_text("drop\n")
+    policy = gworld.root / "policy.toml"
+    policy.write_text(f'version = 1\n[filesystem]\nread = ["{tools}"]\n')
+    first = gworld.stockade("run", *GVISOR, "--", "true")  # the launcher built
+    assert first.returncode == 0, first.stderr
+    cache = Path(gworld.env["XDG_CACHE_HOME"]) / "stockade"
+    launchers = {p: p.read_bytes() for p in cache.glob("launcher-*")}
+    assert launchers
+    assert all(launchers.values())
+    trunc = "import os, sys; os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC))"
+    script = (
+        f"python3 -c '{trunc}' {tools}/tool 2>/dev/null || echo tool-refused; "
+        f"python3 -c '{trunc}' /.stockade/launcher 2>/dev/null || echo launcher-refused; "
+        f"python3 -c '{trunc}' scratch.txt && echo workspace-truncated"
+    )
+    proc = gworld.stockade("run", "--policy", str(policy), *GVISOR, "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["tool-refused", "launcher-refused", "workspace-truncated"]
+    assert (tools / "tool").read_text() == "keep\n"
+    assert (gworld.workspace / "scratch.txt").read_text() == ""
+    assert {p: p.read_bytes() for p in cache.glob("launcher-*")} == launchers
+
+
 def test_seccomp_and_no_capabilities(gworld: World) -> None:
     proc = gworld.stockade(
         "run", *GVISOR, "--", "grep", "-E", "^(Seccomp|CapEff):", "/proc/self/status"
@@ -255,10 +289,13 @@ def test_a_runsc_that_exits_1_before_starting_is_125_not_1(gworld: World, runsc:
 
 def test_a_bundle_runsc_rejects_is_125_with_its_message(gworld: World, runsc: str) -> None:
     # The real runsc, given a bundle without its rootfs: it fails creating the container.
+    # (Moved away, not removed: the launcher's directory in it is a read-only mount of
+    # the entry's, gvisor.host_binds.)
     fake = _wrapper(
         gworld,
         runsc,
-        'for a; do case "$a" in --bundle=*) rm -rf "${a#--bundle=}/rootfs";; esac; done',
+        'for a; do case "$a" in --bundle=*) mv "${a#--bundle=}/rootfs" "${a#--bundle=}/gone";;'
+        " esac; done",
     )
     audit = gworld.root / "audit.jsonl"
     proc = gworld.stockade(

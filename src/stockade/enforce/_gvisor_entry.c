@@ -2,7 +2,7 @@
  * stockade's gVisor entry: a user and network namespace of stockade's own, then runsc
  * (enforce/gvisor.py's entry_argv builds the argv; runtime/_gvisor.py runs it).
  *
- *   gvisor-entry UID GID PPID INFO_FD BLOCK_FD NET ROOT ID OVERLAY LAYER REFUSED -- RUNSC...
+ *   gvisor-entry UID GID PPID INFO_FD BLOCK_FD NET ROOT ID OVERLAY LAYER REFUSED BINDS -- RUNSC...
  *
  *   UID, GID   the caller's ids, mapped to 0 in the new user namespace
  *   PPID       the spawner: the entry gives up when its parent is another process
@@ -14,6 +14,7 @@
  *   OVERLAY    the workspace of an overlay run, else empty
  *   LAYER      the layer directory holding upper/ and work/, else empty
  *   REFUSED    the file where the entry says why the kernel refused the overlay
+ *   BINDS      a file of binds to repeat on the host side (see below), else empty
  *   RUNSC...   runsc's argv (``runsc ... run ...``), exec'd as the entry's child
  *
  * It speaks bubblewrap's --info-fd/--block-fd protocol, so the runtime's start handshake
@@ -34,6 +35,17 @@
  * kernel refuses it, the entry writes why to REFUSED (a host file in the run's private
  * scratch) and exits 125 before runsc starts: the runtime raises that as Unavailable,
  * never runs a read-write workspace instead.
+ *
+ * BINDS (enforce/gvisor.py's host_binds): NUL-terminated records, "r/path" or "w/path",
+ * in the bundle's order. With them the entry makes a mount namespace of its own (as for
+ * an overlay) and, after the overlay if any, binds each "r" path onto itself read-only,
+ * recursively (open_tree, mount_setattr, move_mount: Linux 5.12), and makes each "w"
+ * path that now lies on a read-only mount read-write again the same way. runsc, started
+ * in that namespace, then runs with directfs (the Sentry opens host files itself): runsc
+ * 20240729 truncates a host file opened with O_TRUNC below a read-only bind before it
+ * answers EROFS, and here the host kernel refuses that open first. A record it cannot
+ * apply ends the entry (125, the path named) before runsc starts: never a sandbox whose
+ * read-only binds are writable on the host.
  *
  * It stays as `runsc run`'s parent rather than exec it: `runsc run` forwards no signal to
  * the container (release 20240729; `runsc do` does), and a SIGTERM the runtime forwarded
@@ -119,6 +131,21 @@
 #define EN_MOUNT_ATTR_NODEV 0x00000004
 #define EN_MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #define EN_AT_FDCWD (-100)
+/* open_tree, mount_setattr (Linux 5.2, 5.12): the same numbers everywhere. */
+#ifndef __NR_open_tree
+#define __NR_open_tree 428
+#endif
+#ifndef __NR_mount_setattr
+#define __NR_mount_setattr 442
+#endif
+#define EN_OPEN_TREE_CLONE 1
+#define EN_OPEN_TREE_CLOEXEC O_CLOEXEC
+#define EN_AT_RECURSIVE 0x8000
+#define EN_AT_EMPTY_PATH 0x1000
+#define EN_MOUNT_ATTR_RDONLY 0x00000001
+struct en_mount_attr {
+	unsigned long long attr_set, attr_clr, propagation, userns_fd;
+};
 #define OVERLAYFS_SUPER_MAGIC 0x794c7630UL
 
 static const char *refused_path;
@@ -394,6 +421,113 @@ static void overlay(const char *ovl, const char *layer)
 		die("chdir(/)");
 }
 
+/* Bind `path` onto itself with MOUNT_ATTR_RDONLY set (`ro`) or cleared, recursively;
+ * 0, or -1 with errno (what failed in `step`). */
+static int rebind(const char *path, int ro, const char **step)
+{
+	*step = "open_tree";
+	int fd = (int)syscall(__NR_open_tree, EN_AT_FDCWD, path,
+			      EN_OPEN_TREE_CLONE | EN_OPEN_TREE_CLOEXEC | EN_AT_RECURSIVE);
+	if (fd < 0)
+		return -1;
+	struct en_mount_attr attr;
+	memset(&attr, 0, sizeof attr);
+	if (ro)
+		attr.attr_set = EN_MOUNT_ATTR_RDONLY;
+	else
+		attr.attr_clr = EN_MOUNT_ATTR_RDONLY;
+	*step = "mount_setattr";
+	if (syscall(__NR_mount_setattr, fd, "", EN_AT_EMPTY_PATH | EN_AT_RECURSIVE, &attr,
+		    sizeof attr) != 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	*step = "move_mount";
+	if (syscall(__NR_move_mount, fd, "", EN_AT_FDCWD, path, EN_MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+/* Apply BINDS (the header says why). The file is the run's own, in its private scratch,
+ * written before the entry was spawned. */
+static void host_binds(const char *file)
+{
+	int fd = open(file, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("opening the binds file");
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		die("reading the binds file");
+	if (st.st_size <= 0 || st.st_size > (1 << 24)) {
+		errno = EINVAL;
+		die("reading the binds file");
+	}
+	size_t size = (size_t)st.st_size;
+	char *buf = malloc(size + 1);
+	if (buf == NULL)
+		die("malloc");
+	size_t got = 0;
+	while (got < size) {
+		ssize_t r = read(fd, buf + got, size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			errno = r == 0 ? EINVAL : errno;
+			die("reading the binds file");
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	buf[size] = '\0';
+	if (buf[size - 1] != '\0') {
+		errno = EINVAL;
+		die("reading the binds file (a record without its end)");
+	}
+	for (char *rec = buf; rec < buf + size; rec += strlen(rec) + 1) {
+		char kind = rec[0];
+		const char *path = rec + 1;
+		if ((kind != 'r' && kind != 'w') || path[0] != '/') {
+			errno = EINVAL;
+			die("reading the binds file (a record that is not r/path or w/path)");
+		}
+		const char *step;
+		char what[4200];
+		if (kind == 'w') {
+			/* Read-write: only where a read-only bind above made it read-only; a path
+			 * the host itself holds read-only (locked) stays so, as runsc's bind of it
+			 * would. */
+			struct statvfs sv;
+			if (statvfs(path, &sv) != 0) {
+				snprintf(what, sizeof what, "statvfs(%s)", path);
+				die(what);
+			}
+			if (!(sv.f_flag & ST_RDONLY))
+				continue;
+			if (rebind(path, 0, &step) == 0)
+				continue;
+			if (errno == EPERM)
+				continue;
+		} else if (rebind(path, 1, &step) == 0) {
+			continue;
+		}
+		snprintf(what, sizeof what, "%s of %s, bound %s on the host side", step, path,
+			 kind == 'r' ? "read-only" : "read-write");
+		die(what);
+	}
+	free(buf);
+	/* The entry's working directory may lie below one of the new mounts: runsc would
+	 * start in the old one. */
+	if (chdir("/") != 0)
+		die("chdir(/)");
+}
+
 static char **runsc;
 static const char *root, *cid;
 static pid_t runsc_pid;
@@ -429,7 +563,7 @@ static void forward(int sig)
 
 int main(int argc, char **argv)
 {
-	if (argc < 14 || strcmp(argv[12], "--") != 0) {
+	if (argc < 15 || strcmp(argv[13], "--") != 0) {
 		errno = EINVAL;
 		die("reading the arguments");
 	}
@@ -443,7 +577,8 @@ int main(int argc, char **argv)
 	cid = argv[8];
 	const char *ovl = argv[9], *layer = argv[10];
 	refused_path = argv[11];
-	runsc = argv + 13;
+	const char *binds = argv[12];
+	runsc = argv + 14;
 
 	close_inherited(info, block);
 	/* Die with stockade (SIGKILL); runsc, forked below, dies with the entry in turn. A
@@ -452,11 +587,12 @@ int main(int argc, char **argv)
 		die("prctl(PR_SET_PDEATHSIG)");
 	if (getppid() != ppid)
 		_exit(EXIT_ENTRY);
-	int flags = CLONE_NEWUSER | (*ovl ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
+	int mounts = *ovl || *binds;
+	int flags = CLONE_NEWUSER | (mounts ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
 	if (unshare(flags) != 0) {
 		int e = errno;
 		char what[64];
-		snprintf(what, sizeof what, "unshare(CLONE_NEWUSER%s%s)", *ovl ? "|CLONE_NEWNS" : "",
+		snprintf(what, sizeof what, "unshare(CLONE_NEWUSER%s%s)", mounts ? "|CLONE_NEWNS" : "",
 			 net ? "|CLONE_NEWNET" : "");
 		errno = e;
 		die(what);
@@ -486,6 +622,8 @@ int main(int argc, char **argv)
 	close(block);
 	if (*ovl)
 		overlay(ovl, layer);
+	if (*binds)
+		host_binds(binds);
 
 	/* The entry waits for signals instead of taking them in a handler: blocked, they stay
 	 * pending until sigwaitinfo takes them, so none is lost between a check and a wait,

@@ -51,6 +51,13 @@ class GvisorRun:
         self.refused = self.base / "entry.refused"
         #: the listening socket runsc hands a terminal bundle's pty to (open_console)
         self.console: socket.socket | None = None
+        #: the records of the binds the entry repeats read-only on the host side, so
+        #: that runsc may run with directfs (gvisor.host_binds); only with the mount API
+        #: that makes them (Linux 5.12), else the gofer opens every file as before
+        self.binds = self.base / "binds"
+        from stockade.runtime._host import mount_api
+
+        self.directfs = mount_api()
         for path in (self.base, self.bundle, self.bundle / "rootfs", self.state):
             path.mkdir(mode=0o700)
 
@@ -89,6 +96,19 @@ class GvisorRun:
         for name, target in gvisor.rootfs_symlinks(plan.system_paths):
             (self.bundle / "rootfs" / name).symlink_to(target)
         doc = gvisor.build_bundle(plan, args, env, terminal=self.console is not None)
+        if self.directfs:
+            # The run's scratch (runsc's state and logs, the rootfs's mount points) stays
+            # writable whatever lies above it; the launcher's directory of the rootfs
+            # (a hard link to the cached binary), when the run has a launcher, is
+            # read-only on the host side as well.
+            extra = [("w", str(self.base))]
+            launcher_dir = self.bundle / "rootfs" / gvisor.ROOTFS_STOCKADE_DIR
+            if launcher_dir.exists():
+                extra.append(("r", str(launcher_dir)))
+            records = gvisor.host_binds(doc["mounts"], extra)
+            fd = os.open(self.binds, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(records)
         fd = os.open(
             self.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
         )
@@ -119,6 +139,7 @@ class GvisorRun:
             pid_file=str(self.pid_file),
             panic_log=str(self.panic_log),
             console_socket=str(self.base / "console") if self.console is not None else None,
+            directfs=self.directfs,
         )
         return gvisor.entry_argv(
             str(self.entry),
@@ -133,6 +154,7 @@ class GvisorRun:
             share_net=share_net,
             overlay=(str(overlay[0]), str(overlay[1])) if overlay is not None else None,
             refused=str(self.refused),
+            binds=str(self.binds) if self.directfs else "",
         )
 
     # -- the terminal ------------------------------------------------------------------
