@@ -136,6 +136,16 @@ def test_caller_state_reaches_the_run(world: World) -> None:
     assert argv[-1].startswith("read line")
 
 
+def test_a_usage_error_is_the_clis_own_not_a_traceback(world: World) -> None:
+    """A served ``stockade run`` with an option it does not know ends as in process: the
+    usage and 125, no traceback of the worker's; the twin runs."""
+    proc = world.stockade("run", "--no-such-option", "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert "unrecognized arguments: --no-such-option" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert run(world, "true").returncode == 0
+
+
 def _narrow_process_state() -> None:
     """The caller's umask and open-file limit, which the served run must inherit."""
     import resource

@@ -680,6 +680,10 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
         # the server's chain by fork_of): the server's own chain goes on without it.
         audit.emit("server_run", pid=pid, argv=request[0].argv, end=True)
         code = _run_request(conn, *request)
+    except SystemExit as exc:
+        # What the CLI ends with in process (argparse's usage error, sys.exit): the same
+        # status and words here, never a traceback of the worker's.
+        code = _exit_status(exc)
     except BaseException:  # a worker never unwinds into the server's loop
         import traceback
 
@@ -702,6 +706,19 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
 
 #: set in a worker once its run is over (its exit status is about to be sent)
 _over = threading.Event()
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status a process ending with ``exc`` gets, as the interpreter gives it: an
+    int as is (masked to a byte, as the kernel does), None 0, anything else printed to
+    stderr and 1."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    with contextlib.suppress(Exception):
+        print(exc.code, file=sys.stderr)
+    return 1
 
 
 def _done(news: int) -> NoReturn:
