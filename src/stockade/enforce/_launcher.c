@@ -7,7 +7,7 @@
  * bubblewrap execs this program after it has built the mount view (or, with the
  * container layer off, the runtime execs it directly).  It reads a spec from the
  * inherited file descriptor SPEC_FD (or, under gVisor, which passes no descriptors in,
- * from a read-only file bound in), then, in this order:
+ * from a file of the bundle's read-only rootfs), then, in this order:
  *
  *   0. makes the mounts the spec lists, in a mount namespace of its own: masks over
  *      secret files and directories, the workspace's protected paths bound onto
@@ -1112,7 +1112,7 @@ int main(int argc, char **argv)
 	long spec_fd;
 	if (argv[1][0] == '/') {
 		/* gVisor's runsc passes no descriptor but stdio into the sandbox: there the
-		 * spec is a read-only file bound in by the runtime. */
+		 * spec is a file the runtime put in the bundle's read-only rootfs. */
 		spec_fd = open(argv[1], O_RDONLY | O_CLOEXEC);
 		if (spec_fd < 0)
 			die("open(%s) for the spec failed: %s", argv[1], errname(errno));
