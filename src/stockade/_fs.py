@@ -20,3 +20,11 @@ def remove_tree(path: Path) -> None:
                 os.unlink(full) if os.path.islink(full) else os.rmdir(full)
     with contextlib.suppress(OSError):
         os.rmdir(path)
+
+
+def write_new(path: str | os.PathLike[str], data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path``, a file this call creates with ``mode``: never one that
+    exists, nor through a symlink (O_EXCL; FileExistsError otherwise)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

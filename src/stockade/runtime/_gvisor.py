@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from stockade import _roots
 from stockade._exceptions import SandboxError, Unavailable
+from stockade._fs import write_new
 from stockade.enforce import gvisor
 from stockade.enforce.bubblewrap import ContainerPlan
 
@@ -55,6 +56,8 @@ class GvisorRun:
         #: that runsc may run with directfs (gvisor.host_binds); only with the mount API
         #: that makes them (Linux 5.12), else the gofer opens every file as before
         self.binds = self.base / "binds"
+        #: the rootfs's directory of the launcher and its spec (launcher_files), if any
+        self.launcher_dir: Path | None = None
         from stockade.runtime._host import mount_api
 
         self.directfs = mount_api()
@@ -82,11 +85,8 @@ class GvisorRun:
 
             shutil.copyfile(binary, target)
             os.chmod(target, 0o500)
-        fd = os.open(
-            inside / "launcher.spec", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400
-        )
-        with os.fdopen(fd, "wb") as f:
-            f.write(spec)
+        write_new(inside / "launcher.spec", spec, 0o400)
+        self.launcher_dir = inside
 
     def write_bundle(
         self, plan: ContainerPlan, args: Sequence[str], env: Mapping[str, str]
@@ -102,19 +102,11 @@ class GvisorRun:
             # (a hard link to the cached binary), when the run has a launcher, is
             # read-only on the host side as well.
             extra = [("w", str(self.base))]
-            launcher_dir = self.bundle / "rootfs" / gvisor.ROOTFS_STOCKADE_DIR
-            if launcher_dir.exists():
-                extra.append(("r", str(launcher_dir)))
-            records = gvisor.host_binds(doc["mounts"], extra)
-            fd = os.open(self.binds, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(records)
-        fd = os.open(
-            self.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
-        )
-        with os.fdopen(fd, "w") as f:
-            # dumps: the C encoder in one call (dump streams through the Python one).
-            f.write(json.dumps(doc))
+            if self.launcher_dir is not None:
+                extra.append(("r", str(self.launcher_dir)))
+            write_new(self.binds, gvisor.host_binds(doc["mounts"], extra), 0o600)
+        # dumps: the C encoder in one call (dump streams through the Python one).
+        write_new(self.bundle / "config.json", json.dumps(doc).encode(), 0o600)
 
     def argv(
         self,

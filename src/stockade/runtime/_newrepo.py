@@ -41,6 +41,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from stockade import _roots
+from stockade._fs import write_new
 from stockade._record import record
 
 #: Configuration keys a repository the sandbox made may keep (``section.key``, and for
@@ -146,9 +147,7 @@ def _write_config(path: Path, entries: list[tuple[str, str]]) -> None:
     )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
+    write_new(path, text.encode(), 0o644)
 
 
 def _remove(path: Path) -> None:
