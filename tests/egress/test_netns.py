@@ -15,7 +15,7 @@ import time
 import pytest
 
 from stockade._exceptions import SandboxError
-from stockade.egress import listener_in_netns
+from stockade.egress import _netns, listener_in_netns
 from tests.egress.conftest import must_work_or_skip
 
 pytestmark = pytest.mark.kernel
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.kernel
 # accepts the connection that the sandboxed command makes to 127.0.0.1:PORT.
 SCRIPT = r"""
 import json, os, socket, subprocess, sys
-from stockade.egress import listener_in_netns
+from stockade.egress import _netns, listener_in_netns
 
 port = int(sys.argv[1])
 inner = (
@@ -261,3 +261,88 @@ def test_info_json_shape() -> None:
     if proc.returncode != 0:
         must_work_or_skip(f"bwrap cannot run here: {proc.stderr.decode().strip()}")
     assert isinstance(json.loads(data)["child-pid"], int)
+
+
+def _status(pid: int) -> str:
+    """The state letter of ``pid`` ("" once it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def _wait_blocked(pid: int) -> None:
+    """Until the helper sleeps (in its wait for the namespace)."""
+    deadline = time.monotonic() + 5
+    while _status(pid) != "S":
+        assert time.monotonic() < deadline, f"helper {pid}: state {_status(pid)!r}"
+        time.sleep(0.005)
+
+
+def test_a_helper_spawned_ahead_waits_for_its_namespace_then_serves_it() -> None:
+    """A run spawns the helper while bubblewrap makes the namespace (RunProxy.prepare):
+    it waits, holding nothing but its channel, and once handed the namespace it makes
+    the listener there, as one spawned on the spot does (the tests above)."""
+    _needs("unshare")
+    _needs("nsenter")
+    _needs("ip")
+    if os.geteuid() != 0:
+        must_work_or_skip("unshare -n needs root")
+    sleeper = _new_netns()
+    try:
+        helper = _netns.spawn_helper(0)
+        _wait_blocked(helper.pid)
+        fds = f"/proc/{helper.pid}/fd"
+        assert sorted(int(fd) for fd in os.listdir(fds)) == [0, 1, 2, 3]
+        netns = _netns.open_netns(sleeper.pid)
+        try:
+            (listener,) = helper.join(netns)
+        finally:
+            netns.close()
+        assert _status(helper.pid) == ""  # reaped by join
+        port = listener.getsockname()[1]
+        inside = subprocess.run(
+            ["nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
+             f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"],
+            check=False,
+        )  # fmt: skip
+        listener.close()
+        assert inside.returncode == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_helper_never_handed_a_namespace_ends_and_is_reaped() -> None:
+    """A run that ends before its sandbox had a namespace cancels the helper (RunProxy's
+    close); a helper whose spawner only closes the channel (it died) exits by itself,
+    with status 0 and nothing made."""
+    cancelled = _netns.spawn_helper(0)
+    _wait_blocked(cancelled.pid)
+    cancelled.cancel()
+    assert _status(cancelled.pid) == ""
+    orphan = _netns.spawn_helper(0)
+    _wait_blocked(orphan.pid)
+    channel = orphan._channel
+    assert channel is not None
+    channel.close()
+    _, status = os.waitpid(orphan.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_malformed_namespace_message_fails_closed_naming_the_step() -> None:
+    """The channel carries "N" and one descriptor, or "U" and two: anything else is an
+    error the helper names, and it makes nothing."""
+    for kind, fds in ((b"N", []), (b"U", [0]), (b"X", [0])):
+        helper = _netns.spawn_helper(0)
+        channel = helper._channel
+        assert channel is not None
+        socket.send_fds(channel, [kind], fds)
+        channel.settimeout(5)
+        message, got, _, _ = socket.recv_fds(channel, 1024, 4)
+        channel.close()
+        _, status = os.waitpid(helper.pid, 0)
+        assert message.startswith(b"ERR receive the namespace: "), message
+        assert got == []
+        assert os.waitstatus_to_exitcode(status) == 1

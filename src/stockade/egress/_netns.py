@@ -114,7 +114,9 @@ class Netns:
         one capture listener per port."""
         if self.net_fd < 0:
             raise SandboxError("the sandbox's network namespace is closed")
-        return _run_helper(self.user_fd, self.net_fd, port, dns, capture_ports, proxy, routes)
+        return spawn_helper(
+            port, dns=dns, capture_ports=capture_ports, proxy=proxy, routes=routes
+        ).join(self)
 
     def close(self) -> None:
         """Let go of the namespace."""
@@ -208,22 +210,80 @@ def build_helper() -> Path:
     return _build.build_shipped(_SOURCE, "netns-helper", "the network namespace helper")
 
 
-def _run_helper(
-    user_fd: int,
-    net_fd: int,
-    port: int,
-    dns: bool,
-    capture_ports: tuple[int, ...],
-    proxy: bool,
-    routes: bool,
-) -> list[socket.socket]:
-    """Spawn the helper into the namespace on ``net_fd`` (joining ``user_fd``'s user
-    namespace first, when it is one) and take the sockets it made."""
+class Helper:
+    """A helper spawned before its namespace exists (:func:`spawn_helper`), waiting on
+    its channel: :meth:`join` hands it the namespace and takes the sockets it made.
+
+    Spawning it is most of what the sockets cost (about 1 ms of a run's 1.5): a run
+    spawns it while bubblewrap makes the namespace, and only hands the namespace over
+    once it exists. Exactly one of :meth:`join` and :meth:`cancel` ends it (either
+    reaps it); a helper whose spawner dies sees its channel close and exits.
+    """
+
+    def __init__(self, pid: int, channel: socket.socket, wanted: int) -> None:
+        self.pid = pid
+        self._channel: socket.socket | None = channel
+        self._wanted = wanted
+
+    def join(self, netns: Netns) -> list[socket.socket]:
+        """Hand the helper ``netns`` and return the sockets it made there, in order: the
+        proxy listener, the resolver's UDP and TCP sockets, one per capture port (each
+        as asked). Raises :class:`SandboxError` naming the helper's failed step."""
+        channel = self._channel
+        if channel is None:
+            raise SandboxError("the network namespace helper was already used")
+        if netns.net_fd < 0:
+            self.cancel()
+            raise SandboxError("the sandbox's network namespace is closed")
+        self._channel = None
+        answered = False
+        try:
+            fds = [netns.net_fd, *([netns.user_fd] if netns.user_fd >= 0 else [])]
+            # A helper already gone (a bad argument) wrote why before it exited: its
+            # answer is read below either way.
+            with contextlib.suppress(OSError):
+                socket.send_fds(channel, [b"U" if len(fds) == 2 else b"N"], fds)
+            ready, _, _ = select.select([channel], [], [], _TIMEOUT)
+            if not ready:
+                raise SandboxError("netns helper did not answer in time")
+            message, made, _, _ = socket.recv_fds(channel, 1024, max(self._wanted, 1))
+            answered = True
+        finally:
+            channel.close()
+            _reap(self.pid, kill=not answered)
+        if message != b"OK" or len(made) != self._wanted:
+            for fd in made:
+                os.close(fd)
+            text = message.decode("utf-8", "replace").removeprefix("ERR ") or "helper exited"
+            raise SandboxError(f"cannot create a listener in the sandbox network namespace: {text}")
+        socks = [socket.socket(fileno=fd) for fd in made]
+        for sock in socks:
+            sock.set_inheritable(False)
+        return socks
+
+    def cancel(self) -> None:
+        """End the helper unused (the run ended before its namespace was handed over)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+            _reap(self.pid, kill=True)
+
+
+def spawn_helper(
+    port: int = 0,
+    *,
+    dns: bool = False,
+    capture_ports: tuple[int, ...] = (),
+    proxy: bool = True,
+    routes: bool = True,
+) -> Helper:
+    """Spawn a helper that will make these sockets in a namespace handed to it later
+    (see :meth:`Netns.sockets` for what each argument asks for)."""
+    check_capture_count(len(capture_ports))
     binary = build_helper()
     wanted = (1 if proxy else 0) + (2 if dns else 0) + len(capture_ports)
     argv = [
         str(binary),
-        "1" if user_fd >= 0 else "0",
         str(port),
         str(int(dns)),
         str(int(proxy)),
@@ -233,39 +293,17 @@ def _run_helper(
         *(str(p) for p in capture_ports),
     ]
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    # The helper finds its descriptors at 3 (channel), 4 (network) and 5 (user). Each is
-    # first copied above them, so that no dup2 overwrites a source another still needs.
-    sources = [child.fileno(), net_fd, *([user_fd] if user_fd >= 0 else [])]
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in sources]
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(high)]
-        pid = os.posix_spawn(str(binary), argv, {}, file_actions=actions)
+        # The helper finds its channel at 3; the namespace comes over it (Helper.join).
+        pid = os.posix_spawn(
+            str(binary), argv, {}, file_actions=[(os.POSIX_SPAWN_DUP2, child.fileno(), 3)]
+        )
     except OSError as exc:
         parent.close()
         raise SandboxError(f"cannot start the network namespace helper: {exc.strerror}") from None
     finally:
-        for fd in high:
-            os.close(fd)
         child.close()
-    answered = False
-    try:
-        ready, _, _ = select.select([parent], [], [], _TIMEOUT)
-        if not ready:
-            raise SandboxError("netns helper did not answer in time")
-        message, fds, _, _ = socket.recv_fds(parent, 1024, max(wanted, 1))
-        answered = True
-    finally:
-        parent.close()
-        _reap(pid, kill=not answered)
-    if message != b"OK" or len(fds) != wanted:
-        for fd in fds:
-            os.close(fd)
-        text = message.decode("utf-8", "replace").removeprefix("ERR ") or "helper exited"
-        raise SandboxError(f"cannot create a listener in the sandbox network namespace: {text}")
-    socks = [socket.socket(fileno=fd) for fd in fds]
-    for sock in socks:
-        sock.set_inheritable(False)
-    return socks
+    return Helper(pid, parent, wanted)
 
 
 def _reap(pid: int, kill: bool) -> None:

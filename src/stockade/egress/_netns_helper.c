@@ -12,11 +12,12 @@
  * in every page the child's interpreter touches); this is spawned (vfork and exec) and
  * does nothing but system calls.
  *
- * Descriptors (set up by the spawner): 3 the channel, 4 the network namespace, 5 the
- * user namespace (only when argv says so). Nothing else is kept open.
+ * It is spawned before the namespace exists (while bubblewrap builds it), so that its
+ * exec is not on the run's path, and then waits for the namespace on its channel.
  *
- * argv: helper USERNS PORT DNS PROXY ROUTES POOL_ADDR POOL_PREFIX [CAPTURE_PORT...]
- *   USERNS       1: join the user namespace on fd 5 first; 0: stay in ours
+ * Descriptors (set up by the spawner): 3 the channel. Nothing else is kept open.
+ *
+ * argv: helper PORT DNS PROXY ROUTES POOL_ADDR POOL_PREFIX [CAPTURE_PORT...]
  *   PORT         the proxy listener's port on 127.0.0.1 (0: the kernel picks)
  *   DNS          1: the resolver's UDP and TCP sockets on 127.0.0.1:53, and the pool's
  *                address on lo (AI_ADDRCONFIG counts IPv4 then; egress/_netns.py)
@@ -25,6 +26,10 @@
  *   POOL_ADDR    the synthetic pool's network address (dotted quad)
  *   POOL_PREFIX  its prefix length
  *   CAPTURE_PORT one dual-stack listener on the wildcard address per port
+ *
+ * The namespace, on the channel: one byte, "N" with one descriptor (the network
+ * namespace) or "U" with two (the network namespace, then the user namespace to join
+ * first). The channel closed before it: the run ended first, and the helper exits.
  *
  * Answer on the channel: "OK" with the descriptors (proxy, DNS UDP, DNS TCP, captures,
  * in that order, each present as asked), or "ERR <step>: <reason>".
@@ -49,8 +54,6 @@
 #include <unistd.h>
 
 #define CHANNEL 3
-#define NET_FD 4
-#define USER_FD 5
 #define DNS_PORT 53
 #define DNS_RCVBUF (1 << 20)
 /* SCM_RIGHTS carries at most 253 descriptors (SCM_MAX_FD); _netns.MAX_CAPTURE_PORTS */
@@ -251,40 +254,82 @@ static int capture_listener(int port) {
 	return s;
 }
 
+/* Wait for the namespace (see the header): its descriptors in *net and *user (-1: stay
+ * in our user namespace). */
+static void receive_namespace(int *net, int *user) {
+	char kind;
+	struct iovec iov = {&kind, 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 2)];
+		struct cmsghdr align;
+	} control;
+	struct msghdr msg;
+	memset(&msg, 0, sizeof msg);
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = control.buf;
+	msg.msg_controllen = sizeof control.buf;
+	step = "receive the namespace";
+	ssize_t n;
+	do
+		n = recvmsg(CHANNEL, &msg, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n == 0)
+		_exit(0);
+	if (n < 0)
+		fail(errno);
+	int fds[2] = {-1, -1}, count = 0;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+	if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+		count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		if (count > 2)
+			fail(EPROTO);
+		memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)count);
+	}
+	if ((msg.msg_flags & MSG_CTRUNC) || count != (kind == 'U' ? 2 : kind == 'N' ? 1 : -1))
+		fail(EPROTO);
+	*net = fds[0];
+	*user = fds[1];
+}
+
 int main(int argc, char **argv) {
-	if (argc < 8) {
+	if (argc < 7) {
 		step = "arguments";
 		fail(EINVAL);
 	}
-	int userns = number(argv[1], 0, 1);
 	/* Nothing of the spawner's but ours: a descriptor that was not close-on-exec in a
 	 * threaded parent must not ride into the sandbox's namespace. */
-	unsigned first = userns ? USER_FD + 1 : USER_FD;
-	if (syscall(SYS_close_range, first, ~0U, 0) < 0)
-		for (int fd = (int)first; fd < 1024; fd++)
+	if (syscall(SYS_close_range, CHANNEL + 1, ~0U, 0) < 0)
+		for (int fd = CHANNEL + 1; fd < 1024; fd++)
 			close(fd);
-	int port = number(argv[2], 0, 65535);
-	int dns = number(argv[3], 0, 1);
-	int proxy = number(argv[4], 0, 1);
-	int routes = number(argv[5], 0, 1);
+	int port = number(argv[1], 0, 65535);
+	int dns = number(argv[2], 0, 1);
+	int proxy = number(argv[3], 0, 1);
+	int routes = number(argv[4], 0, 1);
 	struct in_addr pool;
-	if (inet_pton(AF_INET, argv[6], &pool) != 1) {
+	if (inet_pton(AF_INET, argv[5], &pool) != 1) {
 		step = "arguments";
 		fail(EINVAL);
 	}
-	int prefix = number(argv[7], 1, 32);
-	int ncapture = argc - 8;
+	int prefix = number(argv[6], 1, 32);
+	int ncapture = argc - 7;
 	if (ncapture > MAX_CAPTURE) {
 		step = "arguments";
 		fail(E2BIG);
 	}
+	/* Every argument is checked before the namespace is waited for: a bad one is
+	 * reported at once, not after the sandbox has started. */
+	for (int i = 0; i < ncapture; i++)
+		(void)number(argv[7 + i], 1, 65535);
 	int fds[MAX_FDS], nfds = 0;
 
+	int net, user;
+	receive_namespace(&net, &user);
 	step = "setns(user)";
-	if (userns && setns(USER_FD, CLONE_NEWUSER) < 0)
+	if (user >= 0 && setns(user, CLONE_NEWUSER) < 0)
 		fail(errno);
 	step = "setns(net)";
-	if (setns(NET_FD, CLONE_NEWNET) < 0)
+	if (setns(net, CLONE_NEWNET) < 0)
 		fail(errno);
 	step = "wait for lo";
 	wait_for_loopback();
@@ -314,7 +359,7 @@ int main(int argc, char **argv) {
 		fds[nfds++] = listener4(SOCK_STREAM, DNS_PORT, 128);
 	}
 	for (int i = 0; i < ncapture; i++) {
-		int p = number(argv[8 + i], 1, 65535);
+		int p = number(argv[7 + i], 1, 65535);
 		snprintf(where, sizeof where, "bind [::]:%d", p);
 		step = where;
 		fds[nfds++] = capture_listener(p);

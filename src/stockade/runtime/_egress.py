@@ -41,9 +41,11 @@ from stockade.egress._env import proxy_environment
 from stockade.egress._netns import (
     DNS_PORT,
     MAX_CAPTURE_PORTS,
+    Helper,
     Netns,
     check_capture_count,
     open_netns,
+    spawn_helper,
     split_sockets,
 )
 from stockade.egress._rules import EgressRules
@@ -371,6 +373,8 @@ class RunProxy:
         self._listening: list[socket.socket] = []
         #: the sandbox's namespace, held while grants may add capture ports
         self._netns: Netns | None = None
+        #: the namespace helper, spawned ahead of :meth:`attach` (:meth:`prepare`)
+        self._helper: Helper | None = None
         self._captured: set[int] = set(capture_ports or ())
         self._capture_lock = threading.Lock()
         # The lazy start: sockets held (not yet served), the watcher that waits for one
@@ -426,6 +430,18 @@ class RunProxy:
         which has no namespace to make one in)."""
         self._hold([(_PROXY, sock)])
 
+    def prepare(self) -> None:
+        """Spawn the helper that :meth:`attach` hands the sandbox's namespace to, while
+        the namespace is still being made: its start is then off the run's path (about
+        1 ms). :meth:`close` ends it when the run ends before :meth:`attach`."""
+        if self._helper is None:
+            check_capture_count(len(self.capture_ports or ()))
+            self._helper = spawn_helper(
+                PROXY_PORT,
+                dns=self.capture_ports is not None,
+                capture_ports=self.capture_ports or (),
+            )
+
     def attach(self, child_pid: int) -> None:
         """Create the listeners inside ``child_pid``'s network namespace and serve them
         (a lazy proxy: watch them, and serve them once one is readable).
@@ -434,11 +450,17 @@ class RunProxy:
         command then never starts (a sandbox whose resolver or capture is missing would
         break clients silently, or be wider than asked).
         """
-        check_capture_count(len(self.capture_ports or ()))
+        self.prepare()
+        helper, self._helper = self._helper, None
+        assert helper is not None
         resolves = self.capture_ports is not None
-        netns = open_netns(child_pid)
         try:
-            made = netns.sockets(PROXY_PORT, dns=resolves, capture_ports=self.capture_ports or ())
+            netns = open_netns(child_pid)
+        except BaseException:
+            helper.cancel()
+            raise
+        try:
+            made = helper.join(netns)
         except BaseException:
             netns.close()
             raise
@@ -633,6 +655,9 @@ class RunProxy:
 
     def close(self) -> None:
         """Stop accepting and close every connection; report a proxy that failed."""
+        if self._helper is not None:
+            self._helper.cancel()
+            self._helper = None
         with self._capture_lock:
             if self._netns is not None:
                 self._netns.close()

@@ -94,6 +94,9 @@ class BwrapHandshake:
         os.close(self.block_r)
         self.info_w = self.block_r = -1
         try:
+            if self.proxy is not None:
+                # Its helper starts while bubblewrap makes the namespace it will enter.
+                self.proxy.prepare()
             if self.make_cgroup is not None:
                 self.cgroup = self.make_cgroup()
             if self.placeholders is not None:
