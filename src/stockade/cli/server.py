@@ -477,6 +477,7 @@ def _fork_spare(
 
         _background.submit(lambda: None)
         conn, _ = listener.accept()
+        _prime_cgroup()
         listener.close()
         stale = _stale(watched)
         if stale is not None:
@@ -489,6 +490,20 @@ def _fork_spare(
     except BaseException:
         os._exit(1)
     _worker(conn, mine, audit, news_w)  # never returns
+
+
+def _prime_cgroup() -> None:
+    """Start the kernel's first-move wait for the run's cgroup as soon as a caller
+    arrives (:func:`stockade.enforce.limits.prime_attach`): after an idle spell that wait
+    is an RCU grace period (6 to 25 ms here), and a run's own prime, started once its
+    plan is made, left the cgroup's creation waiting for the rest of it. Moving this
+    process into the cgroup it is in changes nothing; without a cgroup to make, or with
+    the limits layer off for this caller, the move was only a wasted system call."""
+    from stockade.enforce import limits
+
+    support = limits.detect()
+    if support is not None:
+        limits.prime_attach(support)
 
 
 def _set_parent_death_signal(signum: int) -> None:
