@@ -237,6 +237,37 @@ def test_stale_code_is_declined_and_the_server_exits(world: World) -> None:
     assert "code changed" in str(stops[-1]["reason"])
 
 
+def _record_loads(record: Path) -> bool:
+    """Whether the server's page record is there and whole, within 5 s (a worker writes
+    it after its caller has the exit status)."""
+    from stockade.cli import _prefault
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if _prefault.load(str(record)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_damaged_page_record_costs_nothing_but_time(world: World) -> None:
+    """The record of the pages a run writes (cli/_prefault.py) is only about time: the
+    first worker writes it, one damaged on disk is ignored (the run is served as ever),
+    and a worker whose spare found it damaged writes it whole again."""
+    record = Path(_client.socket_path(world.env)).with_suffix(".pages")
+    assert run(world, "true").returncode == 0
+    assert _record_loads(record)
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    record.write_bytes(b"\xff" * 40)  # not whole ranges
+    served = len(server_events(world, "server_run"))
+    proc = run(world, "sh", "-c", "echo served; exit 7")
+    assert (proc.returncode, proc.stdout) == (7, "served\n")
+    assert len(server_events(world, "server_run")) == served + 1
+    # That run's spare was forked before the damage; the next one finds it and learns.
+    assert run(world, "true").returncode == 0
+    assert _record_loads(record)
+
+
 def test_another_user_cannot_reach_the_socket(world: World) -> None:
     require(os.geteuid() == 0, "acting as another user (uid 65534) needs root")
     path = _client.socket_path(world.env)

@@ -35,7 +35,7 @@ from pathlib import Path
 from stockade._exceptions import EXIT_STOCKADE_ERROR
 from stockade._libc import libc
 from stockade._record import record
-from stockade.cli import _client
+from stockade.cli import _client, _prefault
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -360,6 +360,9 @@ def serve(path: str, idle: float) -> int:
     spare: int | None = None
     workers: set[int] = set()
     wanted = True  # a spare is wanted now
+    forked = 0
+    #: where workers record the pages a run writes, for the next spares (_prefault)
+    pages = str(sock_path.with_suffix(".pages"))
     last = time.monotonic()
     why = "stopped"
     try:
@@ -368,7 +371,11 @@ def serve(path: str, idle: float) -> int:
             # while a run is starting: on a small machine the fork would compete with
             # it for the CPU, and a caller's start-up (some 20 ms) leaves time enough.
             if spare is None and (wanted or not workers):
-                spare = _fork_spare(listener, news_r, news_w, watched, audit, lock)
+                forked += 1
+                # The pages a run writes are learnt when there is no record, and now
+                # and then again (a worker's learning costs it about 1 ms after its run).
+                learn = forked % 50 == 0
+                spare = _fork_spare(listener, news_r, news_w, watched, audit, lock, (pages, learn))
                 wanted = False
             watch = [news_r] if spare is not None else [news_r, listener.fileno()]
             try:
@@ -451,8 +458,11 @@ def _fork_spare(
     watched: dict[str, int],
     audit: AuditLog,
     lock: int,
+    pages: tuple[str, bool],
 ) -> int:
-    """Fork a worker that waits for the next connection; return its pid."""
+    """Fork a worker that waits for the next connection; return its pid. ``pages``: the
+    record of the pages a run writes (copied before a caller comes, see _prefault), and
+    whether this worker records them anew after its run."""
     pid = os.fork()
     if pid:
         return pid
@@ -476,6 +486,17 @@ def _fork_spare(
         from stockade import _background
 
         _background.submit(lambda: None)
+        # Last, as it stops when a caller comes: the pages a run writes, copied now.
+        record, learn = pages
+        mapped: _prefault.Regions = []
+        with contextlib.suppress(OSError):
+            mapped = _prefault.regions()
+            ranges = _prefault.load(record)
+            # No usable record (the first run, or one damaged): this worker writes it.
+            learn = learn or not ranges
+            _prefault.populate(
+                ranges, mapped, lambda: bool(select.select([listener], [], [], 0)[0])
+            )
         conn, _ = listener.accept()
         _prime_cgroup()
         listener.close()
@@ -489,7 +510,7 @@ def _fork_spare(
         _set_parent_death_signal(0)
     except BaseException:
         os._exit(1)
-    _worker(conn, mine, audit, news_w)  # never returns
+    _worker(conn, mine, audit, news_w, (record, mapped) if learn and mapped else None)
 
 
 def _prime_cgroup() -> None:
@@ -656,8 +677,15 @@ def parse_request(payload: bytes) -> Request:
     return Request(argv=argv, env=env, umask=umask, limits=limits, ignored=ignored)
 
 
-def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news: int) -> NoReturn:
-    """Serve one request in this forked process, then exit; never returns."""
+def _worker(
+    conn: socket.socket,
+    mine: dict[str, object],
+    audit: AuditLog,
+    news: int,
+    learn: tuple[str, _prefault.Regions] | None = None,
+) -> NoReturn:
+    """Serve one request in this forked process, then exit; never returns. ``learn``:
+    where to record the pages this run wrote of the mappings it was forked with."""
     code = 125
     request: tuple[Request, list[int]] | None = None
     try:
@@ -716,6 +744,10 @@ def _worker(conn: socket.socket, mine: dict[str, object], audit: AuditLog, news:
             os.write(news, DONE)
         with contextlib.suppress(OSError):
             conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
+        if learn is not None and request is not None:
+            # After the caller has its status: off its path.
+            with contextlib.suppress(Exception):
+                _prefault.save(learn[0], _prefault.touched(learn[1]))
         os._exit(0)
 
 
