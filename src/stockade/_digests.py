@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from stockade import _roots
+from stockade._fs import replace_file
 from stockade._hash import sha256_hex
 
 
@@ -63,9 +64,7 @@ def record(path: Path) -> str:
 def _write(real: Path, entry: dict[str, object]) -> None:
     target = _record_path(real)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(entry))
-    os.replace(tmp, target)
+    replace_file(target, json.dumps(entry).encode())
 
 
 def verify(path: Path, *, first_use: bool = False) -> str | None:

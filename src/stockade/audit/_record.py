@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from stockade import _roots
+from stockade._fs import replace_file
 from stockade._record import asdict, record
 
 #: the format of a record file (its ``version`` field)
@@ -59,15 +60,9 @@ def write_record(head: Head, directory: Path | None = None) -> Path:
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = where / f"{head.run_id}.json"
     data = json.dumps({"version": VERSION, **asdict(head)}, separators=(",", ":")).encode()
-    tmp = where / f".{head.run_id}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        # No fsync: every run would pay for it, and a record lost or torn by a crash
-        # reads as none ("authorship cannot be checked"), never as a match.
-        os.write(fd, data + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    # No sync: every run would pay for it, and a record lost or torn by a crash reads
+    # as none ("authorship cannot be checked"), never as a match.
+    replace_file(path, data + b"\n")
     return path
 
 

@@ -81,11 +81,7 @@ def install(bin_dir: Path) -> str:
             return f"{target} is up to date"
     except FileNotFoundError:
         pass
-    temp = bin_dir / f".stockade-{os.getpid()}"
-    try:
-        temp.write_bytes(data)
-        temp.chmod(0o755)  # every user of the installation runs it
-        os.replace(temp, target)
-    finally:
-        temp.unlink(missing_ok=True)
+    from stockade._fs import replace_file
+
+    replace_file(target, data, 0o755)  # every user of the installation runs it
     return f"installed the compiled front end at {target}"

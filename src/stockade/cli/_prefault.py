@@ -79,14 +79,9 @@ def touched(mapped: Regions) -> Regions:
 
 def save(path: str, ranges: Regions) -> None:
     """Record ``ranges`` at ``path`` (replaced whole: a reader sees one record)."""
-    data = array.array("Q", [word for pair in ranges for word in pair]).tobytes()
-    partial = f"{path}.{os.getpid()}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(partial, path)
+    from stockade._fs import replace_file
+
+    replace_file(path, array.array("Q", [word for pair in ranges for word in pair]).tobytes())
 
 
 def load(path: str) -> Regions:

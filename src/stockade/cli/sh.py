@@ -78,13 +78,9 @@ def _copy_cwd(scratch: str, target: str, workspace: str) -> None:
     if len(data) > 4096 or not os.path.isabs(path) or "\n" in path or not os.path.isdir(path):
         path = workspace
     # Claude Code made the name (mktemp-like, in the host's /tmp); replace, never follow.
-    tmp = f"{target}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, path.encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+    from stockade._fs import replace_file
+
+    replace_file(target, path.encode() + b"\n")
 
 
 def _unlink(path: str) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 
 from stockade import _build, _roots
 from stockade._exceptions import Unavailable
+from stockade._fs import replace_file
 from stockade._record import record
 from stockade.enforce.bubblewrap import ContainerPlan, _secret_masks
 
@@ -269,9 +270,8 @@ def _remember_version(path: Path, output: str) -> None:
     record_path, real, ident = where
     with contextlib.suppress(OSError):
         record_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = record_path.with_name(f".{record_path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"path": real, "identity": ident, "output": output}))
-        os.replace(tmp, record_path)
+        data = json.dumps({"path": real, "identity": ident, "output": output}).encode()
+        replace_file(record_path, data)
 
 
 def require_runsc(env: Mapping[str, str] | None = None) -> Runsc:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from stockade import _roots
 from stockade._exceptions import PolicyError
+from stockade._fs import replace_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,13 +110,8 @@ class TrustStore:
             fcntl.flock(lock, fcntl.LOCK_EX)
             entries = self.entries()
             yield entries
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            with open(tmp, "w") as fh:
-                json.dump(entries, fh, indent=1, sort_keys=True)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+            text = json.dumps(entries, indent=1, sort_keys=True) + "\n"
+            replace_file(self.path, text.encode(), sync=True)
         finally:
             os.close(lock)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stockade._exceptions import SandboxError
+from stockade._fs import replace_file
 from stockade.audit import AuditLog
 from stockade.egress._env import proxy_environment
 from stockade.egress._netns import (
@@ -160,10 +161,7 @@ def _resolver_file(name: str, text: str, scratch: Callable[[], Path]) -> Path:
         pass
     try:
         cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = cached.with_name(f".{cached.name}.{os.getpid()}-{threading.get_ident()}")
-        partial.write_bytes(data)
-        partial.chmod(0o644)
-        os.replace(partial, cached)
+        replace_file(cached, data, 0o644)
         return cached
     except OSError:
         path = scratch() / f"etc-{name}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade._exceptions import StockadeError
-from stockade._fs import remove_tree
+from stockade._fs import remove_tree, replace_file
 
 #: the metadata format of ``layer.json``
 LAYER_FORMAT = 1
@@ -69,11 +69,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     # the layer beside it, which a crash of the machine loses alike.
     # One line, by the C encoder: json.dump with an indent encodes in Python, seconds
     # for the base record of 10,000 paths.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
 
 
 class Layer:

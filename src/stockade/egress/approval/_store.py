@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from stockade._exceptions import PolicyError
+from stockade._fs import replace_file
 from stockade._roots import sandbox_writable
 from stockade.policy._hosts import parse_pattern
 from stockade.policy._load import approved_path, read_approved
@@ -135,11 +136,4 @@ class ApprovedStore:
                 # "added" is a TOML datetime, unquoted; the rest are JSON strings/arrays.
                 text = str(value) if key == "added" else json.dumps(value, ensure_ascii=True)
                 lines.append(f"{key} = {text}\n")
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, "".join(lines).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        replace_file(self.path, "".join(lines).encode(), sync=True)

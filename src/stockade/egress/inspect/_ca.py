@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from stockade._exceptions import SandboxError, Unavailable
+from stockade._fs import replace_file
 from stockade.policy._tables import TRUST_DIR_NAMES, TRUST_ENV_NAMES
 
 #: how long a per-run CA is valid; a run longer than this needs a per-user CA
@@ -178,8 +179,9 @@ class CertificateAuthority:
                 ):
                     return cls(key, cert)
             ca = cls.create(USER_CA_VALIDITY, "stockade user CA")
-            _write_private(key_path, _key_pem(ca._key))
-            _write_private(cert_path, ca.cert_pem)
+            # Mode 0600 from the start: the key is never readable by anyone else.
+            replace_file(key_path, _key_pem(ca._key))
+            replace_file(cert_path, ca.cert_pem)
             return ca
         except (OSError, ValueError) as exc:
             raise SandboxError(
@@ -257,17 +259,6 @@ def load_ca(directory: Path) -> CertificateAuthority:
     )
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` with mode 0600 from the start (never world-readable)."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 def system_roots_path() -> Path | None:
     """The system CA bundle: Debian's file, else what OpenSSL was built to use."""
     debian = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -314,10 +305,7 @@ def write_trust_bundle(
         data += b"\n"
     data += b"# stockade interception CA\n" + ca.cert_pem
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
+    replace_file(path, data, 0o644)
     return path
 
 
