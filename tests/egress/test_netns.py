@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -106,8 +107,23 @@ def test_bwrap_sandbox_as_nobody() -> None:
     assert "RESULT from-sandbox 65534" in out
 
 
-def _new_netns() -> subprocess.Popen[bytes]:
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process in a network namespace of its own, loopback up (needs root)."""
+    _needs("unshare")
+    _needs("nsenter")
+    _needs("ip")
+    if os.geteuid() != 0:
+        must_work_or_skip("unshare -n needs root")
     sleeper = subprocess.Popen(["unshare", "-n", "sleep", "20"])
+    try:
+        yield _up(sleeper)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _up(sleeper: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 5
     while os.readlink(f"/proc/{sleeper.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
         assert time.monotonic() < deadline, "unshare did not create a namespace"
@@ -118,40 +134,30 @@ def _new_netns() -> subprocess.Popen[bytes]:
     return sleeper
 
 
-def test_plain_network_namespace_as_root() -> None:
-    _needs("unshare")
-    _needs("nsenter")
-    _needs("ip")
-    if os.geteuid() != 0:
-        must_work_or_skip("unshare -n needs root")
-    sleeper = _new_netns()
+def test_plain_network_namespace_as_root(sleeper: subprocess.Popen[bytes]) -> None:
+    started = time.monotonic()
+    listener = listener_in_netns(sleeper.pid)
+    elapsed = time.monotonic() - started
+    port = listener.getsockname()[1]
+    assert listener.getsockname()[0] == "127.0.0.1"
+    client = subprocess.Popen(
+        [
+            "nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
+            f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"
+            ".sendall(b'inside')",
+        ]
+    )  # fmt: skip
     try:
-        started = time.monotonic()
-        listener = listener_in_netns(sleeper.pid)
-        elapsed = time.monotonic() - started
-        port = listener.getsockname()[1]
-        assert listener.getsockname()[0] == "127.0.0.1"
-        client = subprocess.Popen(
-            [
-                "nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
-                f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"
-                ".sendall(b'inside')",
-            ]
-        )  # fmt: skip
-        try:
-            listener.settimeout(10)
-            conn, _ = listener.accept()
-            assert conn.recv(100) == b"inside"
-            conn.close()
-            assert client.wait(10) == 0
-        finally:
-            listener.close()
-            client.kill()
-            client.wait()
-        assert elapsed < 1.0
+        listener.settimeout(10)
+        conn, _ = listener.accept()
+        assert conn.recv(100) == b"inside"
+        conn.close()
+        assert client.wait(10) == 0
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        listener.close()
+        client.kill()
+        client.wait()
+    assert elapsed < 1.0
 
 
 def test_errors_name_the_step() -> None:
@@ -221,28 +227,20 @@ def _children() -> list[int]:
     return out
 
 
-def test_listener_is_not_reachable_from_the_host_namespace() -> None:
+def test_listener_is_not_reachable_from_the_host_namespace(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
     """The socket lives in the sandbox namespace: the host's 127.0.0.1 does not reach it."""
-    _needs("unshare")
-    _needs("nsenter")
-    _needs("ip")
-    if os.geteuid() != 0:
-        must_work_or_skip("unshare -n needs root")
-    sleeper = _new_netns()
+    listener = listener_in_netns(sleeper.pid)
+    port = listener.getsockname()[1]
+    probe = socket.socket()
+    probe.settimeout(2)
     try:
-        listener = listener_in_netns(sleeper.pid)
-        port = listener.getsockname()[1]
-        probe = socket.socket()
-        probe.settimeout(2)
-        try:
-            with pytest.raises(ConnectionRefusedError):
-                probe.connect(("127.0.0.1", port))
-        finally:
-            probe.close()
-            listener.close()
+        with pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        probe.close()
+        listener.close()
 
 
 def test_info_json_shape() -> None:
@@ -280,38 +278,30 @@ def _wait_blocked(pid: int) -> None:
         time.sleep(0.005)
 
 
-def test_a_helper_spawned_ahead_waits_for_its_namespace_then_serves_it() -> None:
+def test_a_helper_spawned_ahead_waits_for_its_namespace_then_serves_it(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
     """A run spawns the helper while bubblewrap makes the namespace (RunProxy.prepare):
     it waits, holding nothing but its channel, and once handed the namespace it makes
     the listener there, as one spawned on the spot does (the tests above)."""
-    _needs("unshare")
-    _needs("nsenter")
-    _needs("ip")
-    if os.geteuid() != 0:
-        must_work_or_skip("unshare -n needs root")
-    sleeper = _new_netns()
+    helper = _netns.spawn_helper(0)
+    _wait_blocked(helper.pid)
+    fds = f"/proc/{helper.pid}/fd"
+    assert sorted(int(fd) for fd in os.listdir(fds)) == [0, 1, 2, 3]
+    netns = _netns.open_netns(sleeper.pid)
     try:
-        helper = _netns.spawn_helper(0)
-        _wait_blocked(helper.pid)
-        fds = f"/proc/{helper.pid}/fd"
-        assert sorted(int(fd) for fd in os.listdir(fds)) == [0, 1, 2, 3]
-        netns = _netns.open_netns(sleeper.pid)
-        try:
-            (listener,) = helper.join(netns)
-        finally:
-            netns.close()
-        assert _status(helper.pid) == ""  # reaped by join
-        port = listener.getsockname()[1]
-        inside = subprocess.run(
-            ["nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
-             f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"],
-            check=False,
-        )  # fmt: skip
-        listener.close()
-        assert inside.returncode == 0
+        (listener,) = helper.join(netns)
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        netns.close()
+    assert _status(helper.pid) == ""  # reaped by join
+    port = listener.getsockname()[1]
+    inside = subprocess.run(
+        ["nsenter", "-t", str(sleeper.pid), "-n", sys.executable, "-c",
+         f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"],
+        check=False,
+    )  # fmt: skip
+    listener.close()
+    assert inside.returncode == 0
 
 
 def test_a_helper_never_handed_a_namespace_ends_and_is_reaped() -> None:
