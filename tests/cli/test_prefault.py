@@ -101,22 +101,27 @@ def test_copying_stops_when_a_caller_waits() -> None:
     del area
 
 
-def test_a_record_reads_back_and_a_damaged_one_is_ignored(tmp_path: Path) -> None:
+def test_a_record_reads_back_for_its_server_only_and_a_damaged_one_is_ignored(
+    tmp_path: Path,
+) -> None:
     record = tmp_path / "key.pages"
+    ours, theirs = _prefault.token(), _prefault.token()
     ranges = [(0x7F0000000000, 3 * PAGE), (0x7F0000010000, PAGE)]
-    _prefault.save(str(record), ranges)
-    assert _prefault.load(str(record)) == ranges
+    _prefault.save(str(record), ours, ranges)
+    assert _prefault.load(str(record), ours) == ranges
+    # Another server's addresses are laid out anew (ASLR): its record is not used.
+    assert _prefault.load(str(record), theirs) == []
     assert oct(record.stat().st_mode & 0o777) == "0o600"
-    record.write_bytes(b"\x00" * 17)  # not whole ranges
-    assert _prefault.load(str(record)) == []
-    record.write_bytes(b"\x00" * (_prefault._MAX_RECORD + 16))
-    assert _prefault.load(str(record)) == []
+    record.write_bytes(ours + b"\x00" * 17)  # not whole ranges
+    assert _prefault.load(str(record), ours) == []
+    record.write_bytes(ours + b"\x00" * _prefault._MAX_RECORD)
+    assert _prefault.load(str(record), ours) == []
     link = tmp_path / "link.pages"
     good = tmp_path / "good.pages"
-    _prefault.save(str(good), ranges)
+    _prefault.save(str(good), ours, ranges)
     link.symlink_to(good)
-    assert _prefault.load(str(link)) == []  # a record is never read through a link
-    assert _prefault.load(str(tmp_path / "missing.pages")) == []
+    assert _prefault.load(str(link), ours) == []  # a record is never read through a link
+    assert _prefault.load(str(tmp_path / "missing.pages"), ours) == []
 
 
 def test_ranges_outside_this_process_are_not_touched() -> None:

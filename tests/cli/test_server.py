@@ -237,26 +237,32 @@ def test_stale_code_is_declined_and_the_server_exits(world: World) -> None:
     assert "code changed" in str(stops[-1]["reason"])
 
 
-def _record_loads(record: Path) -> bool:
-    """Whether the server's page record is there and whole, within 5 s (a worker writes
-    it after its caller has the exit status)."""
+def _record_of(record: Path, other_than: bytes = b"") -> bytes:
+    """The token of the server whose page record is at ``record``, once the record is
+    there and whole and not ``other_than``'s, within 5 s (a worker writes it after its
+    caller has the exit status); b"" when that does not happen."""
     from stockade.cli import _prefault
 
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if _prefault.load(str(record)):
-            return True
+        with contextlib.suppress(FileNotFoundError):
+            data = record.read_bytes()
+            token = data[: _prefault.TOKEN_SIZE]
+            if token != other_than and _prefault.load(str(record), token):
+                return token
         time.sleep(0.02)
-    return False
+    return b""
 
 
 def test_a_damaged_page_record_costs_nothing_but_time(world: World) -> None:
     """The record of the pages a run writes (cli/_prefault.py) is only about time: the
     first worker writes it, one damaged on disk is ignored (the run is served as ever),
-    and a worker whose spare found it damaged writes it whole again."""
+    and a worker whose spare found it damaged writes it whole again; so does the first
+    worker of the next server, whose memory is laid out anew."""
     record = Path(_client.socket_path(world.env)).with_suffix(".pages")
     assert run(world, "true").returncode == 0
-    assert _record_loads(record)
+    first = _record_of(record)
+    assert first
     assert oct(record.stat().st_mode & 0o777) == "0o600"
     record.write_bytes(b"\xff" * 40)  # not whole ranges
     served = len(server_events(world, "server_run"))
@@ -265,7 +271,11 @@ def test_a_damaged_page_record_costs_nothing_but_time(world: World) -> None:
     assert len(server_events(world, "server_run")) == served + 1
     # That run's spare was forked before the damage; the next one finds it and learns.
     assert run(world, "true").returncode == 0
-    assert _record_loads(record)
+    assert _record_of(record) == first
+    world.stockade("server", "stop")
+    start_server(world)
+    assert run(world, "true").returncode == 0
+    assert _record_of(record, other_than=first)
 
 
 def test_another_user_cannot_reach_the_socket(world: World) -> None:
@@ -433,3 +443,28 @@ def test_a_damaged_request_is_refused(damage: Callable[[bytes], bytes]) -> None:
     assert server.parse_request(payload).argv == ["run", "--", "true"]  # the twin
     with pytest.raises(ValueError):
         server.parse_request(damage(payload))
+
+
+def test_a_spare_stops_copying_for_a_caller_no_other_spare_took(tmp_path: Path) -> None:
+    """A spare copying its pages gives way to a caller seen at two looks in a row, not to
+    one another spare (already in accept) took at once; the twin: nobody waiting, it
+    goes on copying."""
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    try:
+        waiting = server._caller_waits(listener)
+        assert (waiting(), waiting()) == (False, False)  # nobody calls
+        caller = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        caller.connect(path)
+        assert waiting() is False  # seen once: another spare may be taking it
+        taken, _ = listener.accept()  # ... and one did
+        assert waiting() is False
+        late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        late.connect(path)
+        assert (waiting(), waiting()) == (False, True)  # nobody took this one
+        for sock in (caller, taken, late):
+            sock.close()
+    finally:
+        listener.close()

@@ -9,6 +9,8 @@ a worker that has run records it (:func:`touched`: the pages of the server's map
 that are now its own, from ``/proc/self/pagemap``), and the next spares copy those pages
 before a caller arrives (:func:`populate`, ``MADV_POPULATE_WRITE``, Linux 5.14): about
 1500 pages (6 MB) in 4 ms of the spare's idle time, against 3 ms on the caller's path.
+A record names the server that wrote it (:func:`token`): the addresses are that
+server's, laid out anew by each start.
 
 This is only about time. The record is a list of address ranges in the server's private
 directory; :func:`populate` copies nothing outside the spare's own private writable
@@ -33,8 +35,17 @@ MADV_POPULATE_WRITE = 23
 _EXCLUSIVE = 1 << 56
 #: more than this is a record that is not a run's (64 MiB of pages): ignored
 MAX_PAGES = 16384
-#: a record's size limit, in bytes (two 64-bit words a range)
+#: a record's size limit, in bytes (the server's token, then two 64-bit words a range)
 _MAX_RECORD = 1 << 20
+#: the length of a server's token (:func:`token`)
+TOKEN_SIZE = 16
+
+
+def token() -> bytes:
+    """A new server's name for its records: another server's memory is laid out anew
+    (address space layout randomisation), so its record says nothing about this one's."""
+    return os.urandom(TOKEN_SIZE)
+
 
 Regions = list[tuple[int, int]]
 
@@ -77,15 +88,18 @@ def touched(mapped: Regions) -> Regions:
     return out
 
 
-def save(path: str, ranges: Regions) -> None:
-    """Record ``ranges`` at ``path`` (replaced whole: a reader sees one record)."""
+def save(path: str, server: bytes, ranges: Regions) -> None:
+    """Record ``ranges`` at ``path`` for the server named ``server`` (its token: the
+    addresses are its own, laid out anew by each server's start), replaced whole."""
     from stockade._fs import replace_file
 
-    replace_file(path, array.array("Q", [word for pair in ranges for word in pair]).tobytes())
+    words = array.array("Q", [word for pair in ranges for word in pair])
+    replace_file(path, server + words.tobytes())
 
 
-def load(path: str) -> Regions:
-    """The ranges recorded at ``path``; none when there is no usable record."""
+def load(path: str, server: bytes) -> Regions:
+    """The ranges recorded at ``path`` for the server named ``server``; none when there
+    is no usable record (none, damaged, or another server's)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -94,10 +108,10 @@ def load(path: str) -> Regions:
         data = os.read(fd, _MAX_RECORD + 1)
     finally:
         os.close(fd)
-    if len(data) > _MAX_RECORD or len(data) % 16:
+    if len(data) > _MAX_RECORD or not data.startswith(server) or (len(data) - len(server)) % 16:
         return []
     words = array.array("Q")
-    words.frombytes(data)
+    words.frombytes(data[len(server) :])
     return list(zip(words[::2], words[1::2], strict=True))
 
 

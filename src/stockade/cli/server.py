@@ -39,6 +39,7 @@ from stockade.cli import _client, _prefault
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import NoReturn
 
     from stockade.audit._log import AuditLog
@@ -312,8 +313,9 @@ def _stale(watched: dict[str, int]) -> str | None:
 def serve(path: str, idle: float) -> int:
     """Serve ``stockade run`` requests on ``path`` until stopped, idle or stale.
 
-    A pre-forked spare worker waits in ``accept``; when it takes a connection it tells
-    the server, which forks the next spare, so no caller waits for a fork.
+    Pre-forked spare workers (:data:`SPARES`) wait in ``accept``; one that takes a
+    connection tells the server, which forks its replacement once a run ends, so no
+    caller waits for a fork.
     """
     from stockade.audit._log import AuditLog
 
@@ -357,40 +359,50 @@ def serve(path: str, idle: float) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     news_r, news_w = os.pipe2(os.O_CLOEXEC)
-    spare: int | None = None
+    spares: set[int] = set()
     workers: set[int] = set()
     wanted = True  # a spare is wanted now
+    news = b""  # what the workers said, up to a whole message
     forked = 0
     #: where workers record the pages a run writes, for the next spares (_prefault)
-    pages = str(sock_path.with_suffix(".pages"))
+    pages = (str(sock_path.with_suffix(".pages")), _prefault.token())
     last = time.monotonic()
     why = "stopped"
     try:
         while not stopping:
             # The next spare is forked when a run ends or another caller waits, not
             # while a run is starting: on a small machine the fork would compete with
-            # it for the CPU, and a caller's start-up (some 20 ms) leaves time enough.
-            if spare is None and (wanted or not workers):
+            # it for the CPU. Two wait, so that a caller who comes soon after the last
+            # finds one that is ready (it has copied its pages, see _prefault) while
+            # the newest gets ready: the one that waited longest takes the caller.
+            while len(spares) < SPARES and (wanted or not workers):
                 forked += 1
                 # The pages a run writes are learnt when there is no record, and now
                 # and then again (a worker's learning costs it about 1 ms after its run).
                 learn = forked % 50 == 0
-                spare = _fork_spare(listener, news_r, news_w, watched, audit, lock, (pages, learn))
-                wanted = False
-            watch = [news_r] if spare is not None else [news_r, listener.fileno()]
+                spares.add(
+                    _fork_spare(listener, news_r, news_w, watched, audit, lock, (*pages, learn))
+                )
+            wanted = False
+            watch = [news_r] if spares else [news_r, listener.fileno()]
             try:
                 ready, _, _ = select.select(watch, [], [], 1.0)
             except InterruptedError:
                 continue
             if listener.fileno() in ready:
                 wanted = True  # a caller waits and no spare takes it
-            for byte in os.read(news_r, 64) if news_r in ready else b"":
-                if byte == TAKEN[0] and spare is not None:
-                    workers.add(spare)
-                    spare, last = None, time.monotonic()
-                elif byte == DONE[0]:
+            if news_r in ready:
+                news += os.read(news_r, 4096)
+            while len(news) >= _NEWS_SIZE:
+                kind, worker = news[:1], int.from_bytes(news[1:_NEWS_SIZE], "big")
+                news = news[_NEWS_SIZE:]
+                if kind == TAKEN and worker in spares:
+                    spares.discard(worker)
+                    workers.add(worker)
+                    last = time.monotonic()
+                elif kind == DONE:
                     wanted, last = True, time.monotonic()
-                elif byte == STALE[0]:
+                elif kind == STALE:
                     stopping, why = True, "its code changed on disk"
             while True:  # reap finished workers (and a spare that died)
                 try:
@@ -399,8 +411,7 @@ def serve(path: str, idle: float) -> int:
                     break
                 if not pid:
                     break
-                if pid == spare:
-                    spare = None
+                spares.discard(pid)
                 workers.discard(pid)
             if idle and not workers and time.monotonic() - last > idle:
                 why = f"idle for {idle:g}s"
@@ -411,7 +422,7 @@ def serve(path: str, idle: float) -> int:
                 why = "its socket was removed"
                 break
     finally:
-        if spare is not None:
+        for spare in spares:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(spare, signal.SIGKILL)
         with contextlib.suppress(OSError):
@@ -449,6 +460,15 @@ def _still_ours(path: str, ours: int) -> bool:
 TAKEN = b"T"
 DONE = b"D"
 STALE = b"S"
+#: a message on the workers' pipe: its kind and the worker's pid (one write: atomic)
+_NEWS_SIZE = 5
+#: spares that wait for callers
+SPARES = 2
+
+
+def _tell(news: int, kind: bytes) -> None:
+    """Tell the server ``kind`` about this worker."""
+    os.write(news, kind + os.getpid().to_bytes(4, "big"))
 
 
 def _fork_spare(
@@ -458,11 +478,11 @@ def _fork_spare(
     watched: dict[str, int],
     audit: AuditLog,
     lock: int,
-    pages: tuple[str, bool],
+    pages: tuple[str, bytes, bool],
 ) -> int:
     """Fork a worker that waits for the next connection; return its pid. ``pages``: the
-    record of the pages a run writes (copied before a caller comes, see _prefault), and
-    whether this worker records them anew after its run."""
+    record of the pages a run writes (copied before a caller comes, see _prefault), the
+    server's token in it, and whether this worker records them anew after its run."""
     pid = os.fork()
     if pid:
         return pid
@@ -487,30 +507,44 @@ def _fork_spare(
 
         _background.submit(lambda: None)
         # Last, as it stops when a caller comes: the pages a run writes, copied now.
-        record, learn = pages
+        record, server, learn = pages
         mapped: _prefault.Regions = []
         with contextlib.suppress(OSError):
             mapped = _prefault.regions()
-            ranges = _prefault.load(record)
-            # No usable record (the first run, or one damaged): this worker writes it.
+            ranges = _prefault.load(record, server)
+            # No usable record (this server's first run, or one damaged): this worker
+            # writes it.
             learn = learn or not ranges
-            _prefault.populate(
-                ranges, mapped, lambda: bool(select.select([listener], [], [], 0)[0])
-            )
+            _prefault.populate(ranges, mapped, _caller_waits(listener))
         conn, _ = listener.accept()
         _prime_cgroup()
         listener.close()
         stale = _stale(watched)
         if stale is not None:
             # New code must not be served by old code: decline, and make way.
-            os.write(news_w, STALE)
+            _tell(news_w, STALE)
             _refuse(conn, f"the server's code changed ({stale})")
             os._exit(0)
-        os.write(news_w, TAKEN)
+        _tell(news_w, TAKEN)
         _set_parent_death_signal(0)
     except BaseException:
         os._exit(1)
-    _worker(conn, mine, audit, news_w, (record, mapped) if learn and mapped else None)
+    _worker(conn, mine, audit, news_w, (record, server, mapped) if learn and mapped else None)
+
+
+def _caller_waits(listener: socket.socket) -> Callable[[], bool]:
+    """Whether a caller waits that no other spare took: one seen at two looks in a row
+    (a spare already in ``accept`` takes a caller within microseconds; a spare still
+    copying its pages sees the connection for that moment only)."""
+    seen = False
+
+    def waiting() -> bool:
+        nonlocal seen
+        ready = bool(select.select([listener], [], [], 0)[0])
+        waits, seen = ready and seen, ready
+        return waits
+
+    return waiting
 
 
 def _prime_cgroup() -> None:
@@ -682,7 +716,7 @@ def _worker(
     mine: dict[str, object],
     audit: AuditLog,
     news: int,
-    learn: tuple[str, _prefault.Regions] | None = None,
+    learn: tuple[str, bytes, _prefault.Regions] | None = None,
 ) -> NoReturn:
     """Serve one request in this forked process, then exit; never returns. ``learn``:
     where to record the pages this run wrote of the mappings it was forked with."""
@@ -741,13 +775,13 @@ def _worker(
         # now and then, and the next caller waited for a fork.
         _over.set()
         with contextlib.suppress(OSError):
-            os.write(news, DONE)
+            _tell(news, DONE)
         with contextlib.suppress(OSError):
             conn.sendall(_client.EXITED + code.to_bytes(4, "big", signed=True))
         if learn is not None and request is not None:
             # After the caller has its status: off its path.
             with contextlib.suppress(Exception):
-                _prefault.save(learn[0], _prefault.touched(learn[1]))
+                _prefault.save(learn[0], learn[1], _prefault.touched(learn[2]))
         os._exit(0)
 
 
@@ -769,9 +803,9 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _done(news: int) -> NoReturn:
-    """Tell the server this worker is finished (it forks the next spare), and exit."""
+    """Tell the server this worker is finished (it forks a spare in its place), and exit."""
     with contextlib.suppress(OSError):
-        os.write(news, DONE)
+        _tell(news, DONE)
     os._exit(0)
 
 
