@@ -6,10 +6,12 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import pytest
 
-from tests.conftest import World, _nobody_python, as_nobody, require
+from stockade.cli import _prefault
+from tests.conftest import NOBODY, World, _nobody_python, as_nobody, require
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -25,6 +27,16 @@ def test_an_unprivileged_user_is_served(world: World) -> None:
         assert len(logs) == 1
         events = [json.loads(line)["event"] for line in logs[0].read_text().splitlines()]
         assert "server_run" in events
+        # Its worker read its own pagemap and recorded the pages a run writes, as the
+        # user's own file (cli/_prefault.py), after the caller had its status.
+        record = logs[0].with_suffix(".pages")
+        deadline = time.monotonic() + 5
+        while not record.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = record.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (NOBODY, 0o600)
+        token = record.read_bytes()[: _prefault.TOKEN_SIZE]
+        assert len(_prefault.load(str(record), token)) > 10
     finally:
         stop = as_nobody(world, "server", "stop")
         assert stop.returncode == 0, stop.stdout + stop.stderr
