@@ -146,10 +146,13 @@ def narrowed(
     """The trust roots that ``writable`` (or, for masked roots, ``visible``) would expose."""
     writable = tuple(writable)
     visible = tuple(visible)
+    # Each grant resolved once (the roots come resolved): writable_root per root resolved
+    # every grant again, some hundred lstat calls a run.
+    real = {grant: _real(grant) for grant in (*writable, *visible)}
     out: list[Narrowed] = []
     for root in trust_roots(env):
         grants = (*writable, *visible) if root.mode == "mask" else writable
-        hit = writable_root(root.path, grants)
+        hit = next((grant for grant in grants if within(root.path, real[grant])), None)
         if hit is not None:
             out.append(Narrowed(root, hit))
     return tuple(out)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stockade._exceptions import Unavailable
 from stockade._record import replace
+from stockade._roots import within
 from stockade.enforce import bubblewrap, paths
 from stockade.runtime import _host, _newrepo, _placeholders
 from stockade.runtime._state import default_audit_dir
@@ -185,7 +186,9 @@ def _without(protection: paths.Protection, top: Path) -> paths.Protection:
     is the run's own directory, not the host's)."""
 
     def keep(items: tuple[Path, ...]) -> tuple[Path, ...]:
-        return tuple(p for p in items if not (p == top or top in p.parents))
+        # By string (absolute, normalised paths): Path.parents made a Path per level of
+        # every protected path, about half a millisecond of each run.
+        return tuple(p for p in items if not within(p, top))
 
     return replace(
         protection,

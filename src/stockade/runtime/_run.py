@@ -709,7 +709,7 @@ def _trust_paths(
     for path in environment.trust_paths(env):
         if any(path.is_relative_to(p) for p in SYSTEM_PATHS):
             continue
-        if any(path == d or d in path.parents for d in denied):
+        if any(_roots.within(path, d) for d in denied):
             audit.emit(
                 "policy_note",
                 layer="files",
