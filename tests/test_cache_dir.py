@@ -25,3 +25,23 @@ def test_every_user_of_the_cache_names_the_trust_root(
     # which may be the workspace.
     expected = Path(value) / "stockade" if value.startswith("/") else tmp_path / ".cache/stockade"
     assert root == expected
+
+
+def test_a_warm_process_follows_each_environment_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directories are remembered by what they are made of (a warm process asks for
+    them some twenty times a run), so that another caller's environment (a Sandbox, a
+    server's worker) still gets its own: a changed variable or HOME changes the answer,
+    and the same ones give the same."""
+    monkeypatch.setenv("HOME", str(tmp_path / "a"))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert _roots.state_dir() == tmp_path / "a/.local/state/stockade"
+    monkeypatch.setenv("HOME", str(tmp_path / "b"))
+    assert _roots.state_dir() == tmp_path / "b/.local/state/stockade"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert _roots.state_dir() == tmp_path / "xdg/stockade"
+    assert _roots.state_dir({"HOME": str(tmp_path / "c")}) == tmp_path / "c/.local/state/stockade"
+    assert _roots.config_dir() == tmp_path / "b/.config/stockade"  # the same HOME: not mixed up
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert _roots.state_dir() == tmp_path / "b/.local/state/stockade"

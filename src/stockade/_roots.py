@@ -45,13 +45,27 @@ def host_environment() -> dict[str, str]:
     return {"PATH": HOST_PATH, "LC_ALL": "C"}
 
 
+#: (variable, its value, HOME) -> the directory: a run asks for these some twenty times
+_xdg_known: dict[tuple[str, str | None, str | None], Path] = {}
+
+
 def _xdg(name: str, fallback: str, env: Mapping[str, str]) -> Path:
-    base = env.get(name)
+    value, home = env.get(name), env.get("HOME")
+    # Keyed on what it is made of: a warm process (a Sandbox, the run server's
+    # workers) may serve other environments. Without HOME, the password database's
+    # home of this uid is the fallback, which does not change under a process.
+    key = (name, value, home)
+    known = _xdg_known.get(key)
+    if known is not None:
+        return known
+    base = value
     if not base or not os.path.isabs(base):
         # The XDG spec: a relative value is invalid and is ignored.
-        home = env.get("HOME") or os.path.expanduser("~")
-        base = os.path.join(home, fallback)
-    return Path(base) / "stockade"
+        base = os.path.join(home or os.path.expanduser("~"), fallback)
+    if len(_xdg_known) > 64:
+        _xdg_known.clear()
+    found = _xdg_known[key] = Path(base) / "stockade"
+    return found
 
 
 def config_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -109,7 +123,7 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def within(path: Path, root: Path) -> bool:
+def within(path: str | Path, root: str | Path) -> bool:
     """Whether ``path`` is ``root`` or lies below it (both as given: resolve first)."""
     p, r = str(path), str(root)
     return p == r or p.startswith(r if r.endswith("/") else r + "/")

@@ -707,7 +707,7 @@ def _trust_paths(
     """
     out = []
     for path in environment.trust_paths(env):
-        if any(path.is_relative_to(p) for p in SYSTEM_PATHS):
+        if any(_roots.within(path, p) for p in SYSTEM_PATHS):
             continue
         if any(_roots.within(path, d) for d in denied):
             audit.emit(
