@@ -112,8 +112,6 @@ class Netns:
         """Make the sockets in the namespace (see :func:`sockets_in_netns`); in order:
         the proxy listener (``proxy``), the resolver's UDP and TCP sockets (``dns``),
         one capture listener per port."""
-        if self.net_fd < 0:
-            raise SandboxError("the sandbox's network namespace is closed")
         return spawn_helper(
             port, dns=dns, capture_ports=capture_ports, proxy=proxy, routes=routes
         ).join(self)
